@@ -1,0 +1,3 @@
+#!/bin/sh
+# Thin launcher: the single beat (it refuses to start while another beat holds the lock).
+exec croqq beat "$@"

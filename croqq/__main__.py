@@ -1,0 +1,3 @@
+from croqq.cli import main
+
+main()

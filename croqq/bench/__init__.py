@@ -1,0 +1,1 @@
+"""Benchmarks and their sample data (run them with ``python -m croqq.bench.<name>``)."""

@@ -1,0 +1,157 @@
+"""Process commands: one per role (coordinator, build, ideate, writer, beat, GPU workers, Flower)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from croqq.cli import app
+from croqq.cli.common import load_settings
+from croqq.cluster import queues
+from croqq.logs import configure
+
+LogLevel = typer.Option("INFO", "--log-level", help="DEBUG | INFO | WARNING | ERROR.")
+
+
+def _prepare(level: str) -> None:
+    configure(level)
+    from croqq.cluster.redis_client import require_redis
+
+    require_redis(load_settings())
+
+
+@app.command()
+def coordinator(log_level: str = LogLevel) -> None:
+    """Run a coordinator (queue `control`): submissions, GPU filling, reconciliation. Run one or more."""
+    from croqq.cluster.boot import run_celery_worker
+
+    _prepare(log_level)
+    run_celery_worker(load_settings(), "coordinator", queues.CONTROL, f"coordinator-{os.getpid()}", "solo", 1,
+                      log_level)
+
+
+@app.command("build-worker")
+def build_worker(
+    concurrency: int = typer.Option(0, "-c", "--concurrency", help="Parallel compiles (default CROQQ_BUILD_CONCURRENCY)."),
+    log_level: str = LogLevel,
+) -> None:
+    """Run a build worker (queue `build`): materializes and compiles candidates. Run any number."""
+    from croqq.cluster.boot import run_celery_worker
+
+    _prepare(log_level)
+    settings = load_settings()
+    run_celery_worker(settings, "build", queues.BUILD, f"build-{os.getpid()}", "prefork",
+                      concurrency or settings.build_concurrency, log_level)
+
+
+@app.command("ideate-worker")
+def ideate_worker(
+    concurrency: int = typer.Option(0, "-c", "--concurrency", help="Parallel proposals (default CROQQ_IDEATE_CONCURRENCY)."),
+    log_level: str = LogLevel,
+) -> None:
+    """Run an ideate worker (queue `ideate`): the proposer (search, or an external agent command)."""
+    from croqq.cluster.boot import run_celery_worker
+
+    _prepare(log_level)
+    settings = load_settings()
+    run_celery_worker(settings, "ideate", queues.IDEATE, f"ideate-{os.getpid()}", "threads",
+                      concurrency or settings.ideate_concurrency, log_level)
+
+
+@app.command()
+def writer(log_level: str = LogLevel) -> None:
+    """Run THE writer (queue `store`): the only process that commits to the results repo. A second one refuses."""
+    from croqq.cluster.boot import run_celery_worker
+
+    _prepare(log_level)
+    settings = load_settings()
+    run_celery_worker(settings, "writer", queues.STORE, "writer", "solo", 1, log_level, singleton="writer",
+                      on_exit=_close_writer)
+
+
+def _close_writer() -> None:
+    """Flush the results repo's index and release git's processes (tasks ran in this thread: solo pool)."""
+    from croqq.cluster.runtime import get_runtime
+
+    rt = get_runtime()
+    if "writer" in vars(rt):
+        rt.writer.repo.close()
+
+
+@app.command()
+def beat(log_level: str = LogLevel) -> None:
+    """Run THE beat: ticks reconciliation (expired leases, lost messages, dead GPUs) and summary refresh."""
+    from croqq.cluster.boot import run_beat
+
+    _prepare(log_level)
+    run_beat(load_settings(), log_level)
+
+
+@app.command("gpu-worker", hidden=True)
+def gpu_worker(
+    uuid: str = typer.Option(..., "--uuid"),
+    index: int = typer.Option(0, "--index"),
+    gpu_type: str = typer.Option(..., "--type"),
+    log_level: str = LogLevel,
+) -> None:
+    """One GPU's worker process (started by `croqq worker`, with CUDA_VISIBLE_DEVICES set to the UUID)."""
+    from croqq.cluster.boot import run_gpu_worker
+
+    _prepare(log_level)
+    run_gpu_worker(load_settings(), uuid, index, gpu_type, log_level)
+
+
+@app.command()
+def worker(
+    gpus: str = typer.Option("all", "--gpus", help="'all' or GPU indexes, e.g. 0,1,3."),
+    log_level: str = LogLevel,
+) -> None:
+    """Run one GPU worker process per GPU (prefork, concurrency 1, CUDA_VISIBLE_DEVICES=<uuid>), restarting
+    any that dies. With no NVIDIA GPU (NVML finds none) it runs CROQQ_SIM_GPUS simulated GPUs."""
+    from croqq.cluster.local import gpu_children
+    from croqq.cluster.supervise import Supervisor
+
+    _prepare(log_level)
+    settings = load_settings()
+    children = gpu_children(gpus, settings, log_level)
+    sup = Supervisor(children)
+    sup.start_all()
+    typer.echo(f"started {len(children)} GPU worker(s); logs in {settings.run_dir / 'logs'}; Ctrl-C stops them")
+    _supervise_until_signal(sup)
+
+
+def _supervise_until_signal(sup: object) -> None:
+    stop = {"now": False}
+
+    def handler(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    while not stop["now"]:
+        sup.poll()  # type: ignore[attr-defined]
+        time.sleep(0.2)
+    sup.stop()  # type: ignore[attr-defined]
+
+
+@app.command()
+def flower(
+    port: int = typer.Option(5555, "--port"),
+    address: str = typer.Option("127.0.0.1", "--address"),
+) -> None:
+    """Run Flower (monitoring UI, Prometheus metrics at /metrics). Needs `pip install 'croqq\[flower]'`;
+    workers send task events when CROQQ_TASK_EVENTS=true."""
+    from croqq.errors import ConfigError
+
+    try:
+        import flower  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("Flower is not installed; pip install 'croqq[flower]'") from exc
+    from croqq.cluster.app import app as celery_app
+
+    celery_app.start(["flower", f"--port={port}", f"--address={address}"])

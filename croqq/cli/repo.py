@@ -1,0 +1,114 @@
+"""`croqq validate` and `croqq clean`: check and repair the results repo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from croqq.cli import app
+from croqq.cli.common import load_settings
+from croqq.errors import ConfigError
+
+
+def _dsl_filter(dsl: str) -> str | None:
+    if dsl == "all":
+        return None
+    from croqq.domain.manifest import load_manifest
+
+    load_manifest(load_settings().manifest).dsl(dsl)
+    return dsl
+
+
+def _repo_path(repo: Path | None) -> Path:
+    path = repo or load_settings().results_repo
+    if not path.exists():
+        raise ConfigError(f"results repo {path} does not exist (set CROQQ_RESULTS_REPO or pass --repo)")
+    return path
+
+
+@app.command()
+def validate(
+    dsl: str = typer.Option(..., "--dsl", help="A dsl of the manifest, or 'all'."),
+    repo: Path | None = typer.Option(None, "--repo", help="Results repo (default CROQQ_RESULTS_REPO)."),
+) -> None:
+    """Check the results repo's committed state: schemas, agreement between files, contiguous iteration ids,
+    paths and #includes inside the repo. Exit 0 valid, 1 invalid (one line per problem), 2 usage."""
+    from croqq.store.validate import validate_repo
+
+    problems = validate_repo(_repo_path(repo), _dsl_filter(dsl), load_settings().results_branch)
+    for problem in problems:
+        typer.echo(str(problem))
+    if problems:
+        typer.echo(f"{len(problems)} problem(s); `croqq clean --dsl {dsl} --invalid-only` resets those shapes",
+                   err=True)
+        raise typer.Exit(1)
+    typer.echo("results repo is valid")
+
+
+@app.command()
+def clean(
+    dsl: str = typer.Option(..., "--dsl", help="A dsl of the manifest, or 'all'."),
+    invalid_only: bool = typer.Option(False, "--invalid-only", help="Reset only the shapes validate names."),
+    repo: Path | None = typer.Option(None, "--repo", help="Results repo (default CROQQ_RESULTS_REPO)."),
+) -> None:
+    """Reset shape state in one commit: with --invalid-only only the invalid shapes, otherwise every shape
+    that is not complete (completed shapes are kept). Needs the writer lock: stop the writer first."""
+    from croqq.store.clean import clean as do_clean
+    from croqq.store.gitrepo import GitRepo
+
+    settings = load_settings()
+    path = _repo_path(repo)
+    lease = _writer_lock(settings)
+    try:
+        git = GitRepo(path, settings.results_branch, settings.sync_worktree, create=False)
+        report = do_clean(git, _dsl_filter(dsl), invalid_only)
+        git.close()
+    finally:
+        if lease is not None:
+            lease.release()
+    keys = report.keys
+    typer.echo(f"reset {len(keys)} shape(s)" + (f": {', '.join(keys)}" if keys else ""))
+    if keys:
+        _forget_live_state(settings, keys)
+
+
+def _writer_lock(settings):  # type: ignore[no-untyped-def]
+    """Hold the writer lease while cleaning (only one process writes the repo); None without Redis."""
+    from croqq.cluster.leases import Lease, owner_id
+    from croqq.cluster.redis_client import connect, require_redis
+
+    try:
+        require_redis(settings, timeout_s=1.0)
+    except ConfigError:
+        return None
+    lease = Lease(connect(settings), "writer", owner_id("clean"), settings.lease_ttl_s * 6)
+    lease.acquire(wait_s=0, what="the writer lock (a writer is running; stop it before `croqq clean`)")
+    return lease
+
+
+def _forget_live_state(settings, keys: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Drop the cleaned shapes' live state so the next submit starts them afresh."""
+    from croqq.cluster import keys as rkeys
+    from croqq.cluster.redis_client import connect, require_redis
+
+    try:
+        require_redis(settings, timeout_s=1.0)
+    except ConfigError:
+        return
+    from croqq.cluster.state import ShapeState
+
+    client = connect(settings)
+    for sid in list(client.smembers(rkeys.SHAPES)):
+        if sid.rsplit("/", 1)[-1] not in keys:
+            continue
+        raw = client.get(rkeys.shape(sid))
+        state = ShapeState.model_validate_json(raw) if raw else None
+        pipe = client.pipeline()
+        pipe.delete(rkeys.shape(sid), rkeys.ideas(sid))
+        pipe.srem(rkeys.SHAPES, sid)
+        pipe.hdel(rkeys.SUMMARY, sid)
+        pipe.zrem(rkeys.pending(sid.split("/", 1)[0]), sid)
+        if state is not None and state.gpu_uuid:
+            pipe.srem(rkeys.active(state.gpu_uuid), sid)
+        pipe.execute()

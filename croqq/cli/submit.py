@@ -1,0 +1,107 @@
+"""`croqq submit`: build the shape schedule, validate everything, then register it (idempotently)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from croqq.cli import app
+from croqq.cli.common import load_settings
+from croqq.domain.manifest import Manifest, load_manifest
+from croqq.domain.schedule import ScheduledShape, build_schedule, expand_dtypes
+from croqq.domain.shapes import parse_dims
+from croqq.errors import ConfigError
+from croqq.settings import Settings
+
+
+def _dry_run(schedule: list[ScheduledShape], as_json: bool) -> None:
+    if as_json:
+        rows = [{"key": s.key, "dtype": s.dtype, "m": s.m, "n": s.n, "k": s.k, "scenarios": s.scenarios,
+                 "region": s.region, "rank": s.rank} for s in schedule]
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"schedule: {len(schedule)} shape(s)")
+    for col in ("rank", "key", "region", "scenarios"):
+        table.add_column(col)
+    for s in schedule:
+        table.add_row(str(s.rank), s.key, s.region, ",".join(s.scenarios))
+    Console().print(table)
+
+
+def pick_gpu_type(settings: Settings, manifest: Manifest, requested: str | None) -> str:
+    """--gpu, else the one type of GPU registered in the cluster, else what this host's probe finds."""
+    if requested:
+        manifest.gpu(requested)
+        return requested
+    from croqq.cluster import registry
+    from croqq.cluster.redis_client import connect
+
+    types = sorted({g.gpu_type for g in registry.all_gpus(connect(settings))})
+    if len(types) > 1:
+        raise ConfigError(f"the cluster has several GPU types ({', '.join(types)}); choose one with --gpu")
+    if not types:
+        from croqq.probes import make_probe
+
+        types = sorted({g.gpu_type for g in make_probe(settings).discover()})
+    if not types:
+        raise ConfigError("no GPUs registered or found; start workers (`croqq worker`) or pass --gpu TYPE")
+    manifest.gpu(types[0])
+    return types[0]
+
+
+@app.command()
+def submit(
+    dtype: str = typer.Option(..., "--dtype", help="f16 | e4m3 | all (every dtype of the manifest)."),
+    dsl: str = typer.Option("cuda", "--dsl", help="Kernel language (manifest 'dsls')."),
+    shape: str | None = typer.Option(None, "--shape", help="Only this MxNxK (must pass the size constraints)."),
+    mode: str = typer.Option("from_current_best", "--mode", help="from_current_best (30 iters) | from_scratch (150)."),
+    max_iter: int | None = typer.Option(None, "--max-iter", min=1, help="Override the mode's iteration count."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type, e.g. sm90_NVIDIA_H100_80GB_HBM3."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule; enqueue nothing."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the schedule as a JSON list."),
+) -> None:
+    """Submit shapes for tuning: every shape of the scenarios (134 per dtype), highest priority first.
+
+    Shapes already complete are skipped, active ones resume where they stopped, a 'done' shape with fewer
+    iterations than asked is reopened. Nothing is enqueued if any argument is invalid.
+    """
+    settings = load_settings()
+    manifest = load_manifest(settings.manifest)
+    dims = parse_dims(shape) if shape else None
+    schedule = build_schedule(manifest, dtype, only=dims)
+    limit = max_iter or manifest.mode(mode).max_iter
+    spec = manifest.dsl(dsl)
+    missing = [d for d in expand_dtypes(manifest, dtype) if d not in spec.kernels]
+    if missing:
+        raise ConfigError(f"dsl {dsl!r} has no kernel for dtype(s) {', '.join(missing)} in the manifest")
+    if dry_run:
+        _dry_run(schedule, as_json)
+        return
+    report = register(settings, manifest, schedule, dsl, mode, limit, gpu)
+    typer.echo(
+        f"submitted {len(schedule)} shape(s) to {report['gpu_type']}/{dsl} as {report['submission']}: "
+        f"{report['new']} new, {report['resumed']} resumed, {report['reopened']} reopened, "
+        f"{report['skipped']} already complete"
+    )
+
+
+def register(settings: Settings, manifest: Manifest, schedule: list[ScheduledShape], dsl: str, mode: str,
+             max_iter: int, gpu: str | None) -> dict[str, object]:
+    """Register a schedule with the cluster (in-process coordinator) and trigger GPU filling."""
+    from croqq.cluster.messages import SubmitMessage
+    from croqq.cluster.redis_client import require_redis
+    from croqq.cluster.runtime import Runtime
+
+    require_redis(settings)
+    gpu_type = pick_gpu_type(settings, manifest, gpu)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    msg = SubmitMessage(submission=f"sub-{stamp}-{secrets.token_hex(3)}", gpu_type=gpu_type, dsl=dsl, mode=mode,
+                        max_iter=max_iter, shapes=schedule)
+    result = Runtime(settings).coordinator.submit(msg)
+    return {"submission": msg.submission, "gpu_type": gpu_type, "new": len(result.new),
+            "resumed": len(result.resumed), "reopened": len(result.reopened), "skipped": len(result.skipped)}

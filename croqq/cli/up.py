@@ -1,0 +1,89 @@
+"""`croqq up`: a whole local cluster in one command (the README's demo).
+
+Starts an embedded Redis (AOF on) under the run folder unless CROQQ_BROKER_URL is set, then the
+coordinator, the writer, beat, a build and an ideate worker and one worker per GPU (simulated GPUs when
+NVML finds none), all supervised (restarted if they die). With --dtype it submits and shows live
+progress; Ctrl-C stops everything cleanly, and running it again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from croqq.cli import app
+from croqq.cli.common import load_settings
+from croqq.cluster.local import LocalCluster
+
+
+@app.command()
+def up(
+    dtype: str | None = typer.Option(None, "--dtype", help="Also submit this dtype (f16 | e4m3 | all)."),
+    shape: str | None = typer.Option(None, "--shape", help="With --dtype: only this MxNxK."),
+    max_iter: int | None = typer.Option(None, "--max-iter", min=1, help="With --dtype: iterations per shape."),
+    mode: str = typer.Option("from_current_best", "--mode", help="from_current_best | from_scratch."),
+    sim_gpus: int | None = typer.Option(None, "--sim-gpus", min=1, help="Simulated GPUs (when NVML finds none)."),
+    exit_when_done: bool = typer.Option(False, "--exit-when-done", help="Stop the cluster once the submission is done."),
+    log_level: str = typer.Option("INFO", "--log-level", help="Level of the processes' logs (in <run dir>/logs)."),
+) -> None:
+    """Start a whole local cluster (embedded Redis, simulated GPUs without NVML), optionally submit and watch."""
+    from croqq.domain.manifest import load_manifest
+    from croqq.domain.schedule import build_schedule
+    from croqq.domain.shapes import parse_dims
+
+    settings = load_settings()
+    if dtype:  # refuse bad input before anything starts
+        manifest = load_manifest(settings.manifest)
+        build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)
+        manifest.mode(mode)
+    env = {"CROQQ_RUN_DIR": str(settings.run_dir.resolve()),
+           "CROQQ_RESULTS_REPO": str(settings.results_repo.resolve()),
+           "CROQQ_MANIFEST": str(settings.manifest.resolve())}
+    if sim_gpus:
+        env["CROQQ_SIM_GPUS"] = str(sim_gpus)
+    cluster = LocalCluster(env, log_level)
+    console = Console()
+    interrupted = False
+    cluster.start()
+    try:
+        console.print(f"croqq cluster up: {len(cluster.gpu_names)} GPU worker(s), logs in "
+                      f"{cluster.settings.run_dir / 'logs'}; Ctrl-C stops it")
+        submission = None
+        if dtype:
+            cluster.wait_gpus()
+            submission = cluster.submit(dtype, shape, max_iter, mode)
+            console.print(f"submitted as {submission}")
+        interrupted = _watch(cluster, submission, exit_when_done, console)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        console.print("stopping the cluster ...")
+        cluster.stop()
+    if interrupted:
+        console.print("stopped; run the same command again to resume where it stopped")
+
+
+def _watch(cluster: LocalCluster, submission: str | None, exit_when_done: bool, console: Console) -> bool:
+    """Live progress until done (with exit_when_done) or Ctrl-C; returns True if interrupted."""
+    from croqq.cli.view import render, summary_table
+    from croqq.cluster.progress import RateMeter
+
+    meter = RateMeter()
+    started = time.monotonic()
+    snap = cluster.snapshot(submission)
+    try:
+        with Live(render(snap, meter), refresh_per_second=2, console=console) as live:
+            while not (exit_when_done and snap.finished):
+                time.sleep(0.5)
+                cluster.poll()
+                snap = cluster.snapshot(submission)
+                meter.add(snap)
+                live.update(render(snap, meter, title=f"croqq ({time.monotonic() - started:.0f}s)"))
+    except KeyboardInterrupt:
+        return True
+    console.print(summary_table(snap))
+    console.print(f"done in {time.monotonic() - started:.1f}s: {snap.total.iters_done} iterations stored")
+    return False

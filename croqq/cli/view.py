@@ -1,0 +1,57 @@
+"""Rich rendering of a cluster snapshot: shapes per dtype, throughput and ETA, and what each GPU does."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from croqq.cluster.progress import RateMeter, Snapshot
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq") -> Group:
+    shapes = Table(title=title, title_justify="left")
+    for col in ("dtype", "done", "active", "pending", "error", "iterations"):
+        shapes.add_column(col, justify="right" if col != "dtype" else "left")
+    rows = [*sorted(snap.dtypes.items()), ("all", snap.total)]
+    for name, p in rows:
+        pct = 100.0 * p.iters_done / p.iters_total if p.iters_total else 0.0
+        shapes.add_row(name, str(p.done), str(p.active), str(p.pending), str(p.error),
+                       f"{p.iters_done}/{p.iters_total} ({pct:.1f}%)")
+    c = snap.counters
+    rate = meter.rate if meter else 0.0
+    eta = meter.eta_s(snap) if meter else None
+    line = (
+        f"{rate:.1f} iter/s   ETA {_duration(eta)}   KEEP {c.get('KEEP', 0)}  DISCARD {c.get('DISCARD', 0)}  "
+        f"FAIL {c.get('FAIL', 0)}  compile-failed {c.get('attempts', 0)}   re-dispatched {c.get('redispatch', 0)}  "
+        f"quarantines {c.get('quarantines', 0)}  migrations {c.get('migrations', 0)}"
+    )
+    gpus = Table(show_edge=False)
+    for col in ("gpu", "status", "shapes", "busy", "now"):
+        gpus.add_column(col)
+    for g in snap.gpus:
+        gpus.add_row(g.uuid, g.status, str(g.active), _duration(g.busy_s), g.current or "idle")
+    return Group(shapes, line, gpus)
+
+
+def summary_table(snap: Snapshot, limit: int = 20) -> Table:
+    """The best speedups at the end of a run."""
+    table = Table(title="best results (top speedups over baseline)", title_justify="left")
+    for col in ("shape", "iters", "baseline TFLOPS", "best TFLOPS", "speedup"):
+        table.add_column(col, justify="right" if col != "shape" else "left")
+    ranked = sorted(
+        snap.shapes.items(),
+        key=lambda kv: kv[1].best_tflops / kv[1].baseline_tflops if kv[1].baseline_tflops else 0.0,
+        reverse=True,
+    )
+    for sid, s in ranked[:limit]:
+        speedup = s.best_tflops / s.baseline_tflops if s.baseline_tflops else 0.0
+        table.add_row(sid.rsplit("/", 1)[-1], f"{s.current_iter}/{s.max_iter}", f"{s.baseline_tflops:.1f}",
+                      f"{s.best_tflops:.1f}", f"{speedup:.2f}x")
+    return table

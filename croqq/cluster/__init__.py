@@ -1,0 +1,1 @@
+"""The distributed engine: Celery app, Redis keys, step ledger, leases, coordinator, tasks, housekeeping."""

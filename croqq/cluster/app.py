@@ -1,0 +1,102 @@
+"""The Celery application: JSON only, late acks, requeue on worker loss, prefetch 1, no eta/countdown.
+
+``celery -A croqq.cluster.app worker ...`` works, but the ``croqq`` commands are the supported way to
+start processes: they take the singleton and GPU leases before the worker consumes anything.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import Celery
+
+from croqq.cluster import queues
+from croqq.cluster.redis_client import kombu_url
+from croqq.settings import Settings, get_settings
+
+
+FLUSH_EVERY_S = 5.0
+
+
+def visibility_timeout_s(settings: Settings) -> int:
+    """Longer than any step can run, so Redis does not redeliver a live step (recovery uses leases)."""
+    longest = max(settings.agent_timeout_s, settings.compile_timeout_s, settings.run_timeout_s * 10)
+    return int(max(3600.0, 2 * longest + settings.health_wait_s))
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
+    every = settings.reconcile_every_s
+    return {
+        "reconcile": {
+            "task": queues.TASK_RECONCILE,
+            "schedule": timedelta(seconds=every),
+            "options": {"queue": queues.CONTROL, "expires": max(2.0, 5 * every)},
+        },
+        "flush": {
+            "task": queues.TASK_FLUSH,
+            "schedule": timedelta(seconds=FLUSH_EVERY_S),
+            "options": {"queue": queues.STORE, "expires": 2 * FLUSH_EVERY_S},
+        },
+        "summary": {
+            "task": queues.TASK_SUMMARY,
+            "schedule": timedelta(seconds=60),
+            "options": {"queue": queues.STORE, "expires": 120},
+        },
+    }
+
+
+def celery_config(settings: Settings) -> dict[str, object]:
+    url = kombu_url(settings)
+    conf: dict[str, object] = dict(
+        broker_url=url,
+        task_serializer="json",
+        accept_content=["json"],
+        event_serializer="json",
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=queues.CONTROL,
+        task_create_missing_queues=True,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        broker_transport_options={"visibility_timeout": visibility_timeout_s(settings)},
+        broker_heartbeat=0,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
+        beat_schedule=beat_schedule(settings),
+        timezone="UTC",
+    )
+    if url.startswith("rediss://"):
+        import ssl
+
+        reqs = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+        conf["broker_use_ssl"] = {"ssl_cert_reqs": reqs[settings.redis_ssl_cert_reqs]}
+    return conf
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    """The app; its configuration is read from the settings lazily (at first use) unless given."""
+    celery = Celery("croqq", include=["croqq.cluster.tasks"])
+    if settings is not None:
+        celery.conf.update(celery_config(settings))
+    else:
+        celery.add_defaults(lambda: celery_config(get_settings()))
+    return celery
+
+
+def configure(settings: Settings) -> None:
+    """Re-point this process's app at ``settings`` (in-process tools and tests that set CROQQ_* late)."""
+    app.conf.update(celery_config(settings))
+    pool = getattr(app, "_pool", None)
+    if pool is not None:
+        pool.force_close_all()
+        app._pool = None
+    app.amqp._producer_pool = None
+
+
+app = make_app()

@@ -1,0 +1,143 @@
+"""Starting croqq processes: take the leases a role needs, then run its Celery worker (or beat) in this
+process, so the lease holder is the process that does the work; release everything on the way out.
+
+Roles and how they run:
+
+    coordinator   -Q control                 solo pool       (stateless, any number)
+    build         -Q build                   prefork, N      (nvcc is CPU bound)
+    ideate        -Q ideate                  threads, N      (waits on an agent; rate-limited task)
+    writer        -Q store                   solo pool       (singleton lease "writer")
+    gpu           -Q gpu.<host>.<uuid>       prefork -c 1    (GPU lease "gpu:<uuid>", one process per GPU)
+    beat          celery beat                                (singleton lease "beat")
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+from croqq.cluster import keys, queues, registry
+from croqq.cluster.leases import Heartbeat, Lease, owner_id
+from croqq.cluster.redis_client import connect
+from croqq.cluster.runtime import ENV_GPU_OWNER
+from croqq.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def host_name() -> str:
+    """This host's name as used in queue names (letters, digits and '-')."""
+    raw = socket.gethostname().split(".")[0]
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in raw) or "host"
+
+
+def celery_argv(queue: str, node: str, pool: str, concurrency: int, loglevel: str) -> list[str]:
+    return [
+        "worker", "-Q", queue, "-n", f"{node}@{host_name()}", "-P", pool, "-c", str(concurrency),
+        "--loglevel", loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]
+
+
+def run_celery_worker(
+    settings: Settings,
+    role: str,
+    queue: str,
+    node: str,
+    pool: str,
+    concurrency: int,
+    loglevel: str = "INFO",
+    singleton: str | None = None,
+    extra_beats: Callable[[Heartbeat], None] | None = None,
+    on_exit: Callable[[], None] | None = None,
+) -> None:
+    """Run one Celery worker in this process, registered and heart-beating, holding ``singleton``."""
+    from croqq.cluster.app import app
+
+    client = connect(settings)
+    owner = owner_id(role)
+    lease = None
+    if singleton:
+        lease = Lease(client, singleton, owner, settings.lease_ttl_s)
+        lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"the {role} lock")
+    node_name = f"{node}@{host_name()}"
+    registry.register_worker(client, node_name, [queue], role)
+    hb = Heartbeat(settings.lease_ttl_s / 4, name=f"croqq-{role}-heartbeat")
+    hb.add("worker", lambda: registry.beat_worker(client, node_name))
+    if lease is not None:
+        hb.add("lease", lambda: _renew_or_die(lease, role))
+    if extra_beats is not None:
+        extra_beats(hb)
+    hb.start()
+    try:
+        app.worker_main(celery_argv(queue, node, pool, concurrency, loglevel))
+    finally:
+        if on_exit is not None:
+            on_exit()
+        hb.stop()
+        registry.unregister_worker(client, node_name)
+        if lease is not None:
+            lease.release()
+
+
+def _renew_or_die(lease: Lease, role: str) -> None:
+    """A singleton that lost its lease (paused past the TTL, Redis flushed) must stop, not carry on twice."""
+    if lease.renew() or lease.try_acquire():
+        return
+    log.critical("the %s lost its lock to %s; exiting", role, lease.client.get(lease.key))
+    os._exit(3)
+
+
+def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, loglevel: str = "INFO") -> None:
+    """One GPU's worker: claim the GPU by UUID lease, register it, then consume its queue."""
+    client = connect(settings)
+    owner = f"{host_name()}:{os.getpid()}:gpu"
+    lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s)
+    lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
+    os.environ[ENV_GPU_OWNER] = owner
+    queue = queues.gpu_queue(host_name(), uuid)
+    entry = registry.GpuEntry(uuid=uuid, host=host_name(), index=index, gpu_type=gpu_type, queue=queue, owner=owner)
+    registry.register_gpu(client, entry)
+    log.info("claimed GPU %s (%s) as %s; queue %s", uuid, gpu_type, owner, queue)
+
+    def gpu_beat(hb: Heartbeat) -> None:
+        hb.add("gpu-lease", lambda: _renew_gpu(client, lease, entry))
+
+    from croqq.cluster.runtime import get_runtime
+
+    get_runtime().coordinator.fill(uuid)
+    try:
+        run_celery_worker(settings, "gpu", queue, f"gpu{index}", "prefork", 1, loglevel, extra_beats=gpu_beat)
+    finally:
+        lease.release()
+
+
+def _renew_gpu(client: object, lease: Lease, entry: registry.GpuEntry) -> None:
+    """Keep the GPU claimed; re-register it if Redis lost its registry (cold start)."""
+    if not lease.renew() and not lease.try_acquire():
+        log.error("GPU %s lease is held by %s; this worker no longer measures on it", entry.uuid,
+                  lease.client.get(lease.key))
+        return
+    if not lease.client.exists(keys.gpu(entry.uuid)):
+        registry.register_gpu(lease.client, entry)
+
+
+def run_beat(settings: Settings, loglevel: str = "INFO") -> None:
+    """The single beat: hold the "beat" lease, then tick the housekeeping schedule."""
+    from celery.apps.beat import Beat
+
+    from croqq.cluster.app import app
+
+    client = connect(settings)
+    lease = Lease(client, "beat", owner_id("beat"), settings.lease_ttl_s)
+    lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what="the beat lock")
+    hb = Heartbeat(settings.lease_ttl_s / 4, name="croqq-beat-heartbeat")
+    hb.add("lease", lambda: _renew_or_die(lease, "beat"))
+    hb.start()
+    try:
+        Beat(app=app, scheduler="celery.beat:Scheduler", max_interval=max(1, int(settings.reconcile_every_s)),
+             loglevel=loglevel, redirect_stdouts=False, quiet=True).run()
+    finally:
+        hb.stop()
+        lease.release()

@@ -1,0 +1,114 @@
+"""What each step kind does: read the shape's live state, call the backend / proposer / writer, and
+return the FSM event that ``Ledger.complete`` applies. Failing candidates come back as events (a
+compile failure is ``Built(ok=False)``, a crash is a FAIL measurement); only infrastructure faults raise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from croqq.cluster import gpu as guard
+from croqq.cluster import keys
+from croqq.cluster.messages import StepMessage
+from croqq.cluster.persist import store_request
+from croqq.cluster.runtime import Runtime
+from croqq.cluster.state import ShapeState
+from croqq.domain.fsm import BaselineMeasured, Built, Measured, Profiled, Proposed, Stored
+from croqq.domain.knobs import Candidate, make_candidate, seed_knobs
+from croqq.errors import IllegalTransitionError, TerminalError
+from croqq.proposers._base import ProposeContext
+
+log = logging.getLogger(__name__)
+Executor = Callable[[Runtime, ShapeState, StepMessage], object]
+
+
+def _candidate(rt: Runtime, state: ShapeState, knobs: dict[str, int]) -> Candidate:
+    return make_candidate(rt.manifest, state.dsl, state.shape, knobs)
+
+
+def _artifact(rt: Runtime, state: ShapeState, cand: Candidate, what: str) -> str:
+    build = rt.backend.build(state.shape, cand)
+    if not build.ok:
+        raise TerminalError(f"{state.key}: the {what} kernel does not build: {build.reason}")
+    return build.artifact
+
+
+def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasured:
+    knobs = seed_knobs(rt.manifest, state.dsl, state.dtype, rt.manifest.mode(state.mode).seed)
+    cand = _candidate(rt, state, knobs)
+    artifact = _artifact(rt, state, cand, "seed")
+    gpu = rt.gpu
+    guard.gate(rt, gpu, f"baseline {state.key}")
+    with guard.busy(rt, gpu, f"baseline {state.key}"):
+        (measurement,) = rt.backend.measure(gpu, state.shape, [artifact])
+        vendor = rt.backend.vendor_tflops(gpu, state.shape)
+    guard.after_run(gpu, measurement)
+    return BaselineMeasured(knobs=knobs, measurement=measurement, vendor_tflops=vendor,
+                            run_command=rt.backend.run_command(state.shape, cand))
+
+
+def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
+    artifact = _artifact(rt, state, _candidate(rt, state, state.loop.best_knobs), "best")
+    gpu = rt.gpu
+    guard.gate(rt, gpu, f"profile {state.key}")
+    with guard.busy(rt, gpu, f"profile {state.key}"):
+        result = rt.backend.profile(gpu, state.shape, artifact)
+    return Profiled(profile=result)
+
+
+def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed:
+    loop = state.loop
+    spec = rt.manifest.dsl(state.dsl)
+    ctx = ProposeContext(
+        shape=state.shape, dsl=state.dsl, gpu_type=state.gpu_type, iteration=loop.current_iter + 1,
+        knob_space=spec.knobs, best_knobs=loop.best_knobs or loop.seed_knobs, best_tflops=loop.best_tflops,
+        peak_tflops=rt.manifest.gpu(state.gpu_type).peak_tflops[state.dtype], strategy=loop.strategy,
+        consecutive_discards=loop.consecutive_discards,
+        bottleneck=loop.last_profile.bottleneck if loop.last_profile else "unknown",
+        tried=sorted(rt.client.smembers(keys.ideas(state.sid))),
+    )
+    return Proposed(idea=rt.proposer.propose(ctx))
+
+
+def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built:
+    pending = state.loop.pending
+    if pending is None or pending.idea is None:
+        raise IllegalTransitionError(f"{state.key}: IMPLEMENT without an idea")
+    cand = _candidate(rt, state, pending.idea.knobs)
+    return Built(build=rt.backend.build(state.shape, cand), run_command=rt.backend.run_command(state.shape, cand))
+
+
+def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
+    pending, loop = state.loop.pending, state.loop
+    if pending is None or pending.build is None:
+        raise IllegalTransitionError(f"{state.key}: MEASURE without a built candidate")
+    best_artifact = None
+    if loop.best_knobs:
+        best_artifact = _artifact(rt, state, _candidate(rt, state, loop.best_knobs), "best")
+    gpu = rt.gpu
+    guard.gate(rt, gpu, f"measure {state.key}")
+    with guard.busy(rt, gpu, f"measure {state.key} iter{loop.current_iter + 1:03d}"):
+        result = rt.backend.measure_candidate(
+            gpu, state.shape, pending.build.artifact, best_artifact, loop.best_tflops, rebase=state.needs_rebase
+        )
+    guard.after_run(gpu, result.candidate)
+    return Measured(result=result)
+
+
+def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored:
+    req = store_request(rt.manifest, rt.settings, state, msg.epoch, msg.step_id)
+    receipt = rt.writer.apply(req)
+    what = f"iter{req.round.iteration:03d}" if req.round else f"attempt{req.attempt.attempt_no if req.attempt else 0}"
+    log.info("%s %s %s as %s", state.key, what, "already stored" if receipt.duplicate else "stored", receipt.commit[:10])
+    return Stored(iteration=req.round.iteration if req.round else None)
+
+
+EXECUTORS: dict[str, Executor] = {
+    "baseline": baseline,
+    "profile": profile,
+    "ideate": ideate,
+    "implement": implement,
+    "measure": measure,
+    "store": store,
+}

@@ -1,0 +1,65 @@
+"""The GPU guard: before every measurement, prove the GPU is ours (lease) and healthy (probe).
+
+Unhealthy: wait with exponential backoff (the step's lease is kept alive meanwhile) up to
+``health_wait_s``; still unhealthy: raise GpuUnavailableError, and the caller quarantines the GPU.
+After a hang the GPU is checked again: a GPU that stopped responding is the infrastructure's fault, not
+the candidate's, and the step is run again elsewhere instead of being recorded as FAIL_hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from croqq.backends._base import GpuContext
+from croqq.cluster import keys, registry, stats
+from croqq.cluster.runtime import Runtime
+from croqq.domain.records import GpuSnapshot, Measurement
+from croqq.errors import GpuLeaseLostError, GpuUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+def check_lease(rt: Runtime) -> None:
+    ident = rt.gpu_identity
+    holder = rt.client.get(keys.lease(f"gpu:{ident.uuid}"))
+    if ident.owner and holder not in (None, ident.owner):
+        raise GpuLeaseLostError(f"GPU {ident.uuid} lease is held by {holder}, not this worker")
+
+
+def gate(rt: Runtime, gpu: GpuContext, what: str) -> GpuSnapshot:
+    """Block until the GPU is healthy (or give up and raise); return the snapshot at the start."""
+    check_lease(rt)
+    delay, deadline = 0.2, time.monotonic() + rt.settings.health_wait_s
+    while True:
+        health = gpu.probe.health(gpu.uuid)
+        if health.ok:
+            return health.snapshot
+        reason = "; ".join(health.problems)
+        if time.monotonic() >= deadline:
+            raise GpuUnavailableError(f"GPU {gpu.uuid} unhealthy for {rt.settings.health_wait_s:.0f}s: {reason}")
+        log.warning("GPU %s not ready for %s (%s); retrying in %.1fs", gpu.uuid, what, reason, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def after_run(gpu: GpuContext, measurement: Measurement) -> None:
+    """A hang that left the GPU unresponsive is the GPU's fault: raise so the step runs elsewhere."""
+    if measurement.outcome != "hang":
+        return
+    health = gpu.probe.health(gpu.uuid)
+    if not health.ok:
+        raise GpuUnavailableError(f"GPU {gpu.uuid} hung past the run timeout: {'; '.join(health.problems)}")
+
+
+@contextmanager
+def busy(rt: Runtime, gpu: GpuContext, text: str) -> Iterator[None]:
+    """Mark the GPU busy with ``text`` (status view) and count the time (duty cycle)."""
+    registry.set_current(rt.client, gpu.uuid, text)
+    start = time.time()
+    try:
+        yield
+    finally:
+        stats.record_busy(rt.client, gpu.uuid, start, time.time(), clear_current=keys.gpu(gpu.uuid))

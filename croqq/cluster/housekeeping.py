@@ -1,0 +1,163 @@
+"""Reconciliation, run by the coordinator on every beat tick; idempotent, so missed or doubled ticks
+are harmless (every repair is a Redis transaction that re-checks its premise).
+
+Each tick: re-queue steps whose lease expired (epoch + 1), publish outbox entries a crash left behind,
+forget dead workers and re-publish steps queued before their consumer died, release the shapes of GPUs
+whose worker is gone for good, re-probe quarantined GPUs, repair shapes left without a step, fill GPUs,
+and on a cold start (Redis emptied) rebuild live state from the results repo.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from croqq.cluster import keys, registry
+from croqq.cluster.queues import TASK_GPU_RECHECK
+from croqq.cluster.runtime import Runtime
+from croqq.cluster.state import ShapeState
+from croqq.domain.fsm import Phase
+
+log = logging.getLogger(__name__)
+OUTBOX_GRACE_S = 2.0
+UNSTICK_EVERY_S = 10.0
+
+
+def _every(rt: Runtime, name: str, seconds: float) -> bool:
+    """True at most once per ``seconds`` across all coordinators."""
+    return bool(rt.client.set(keys.tick(name), "1", px=int(seconds * 1000), nx=True))
+
+
+def reconcile(rt: Runtime) -> dict[str, int]:
+    out: dict[str, int] = {"rebuilt": 0}
+    if not rt.client.exists(keys.SHAPES) and _every(rt, "rebuild", 30.0):
+        out["rebuilt"] = rebuild(rt)
+    out["expired"] = rt.ledger.expire_leases()
+    out["outbox"] = rt.ledger.flush_outbox(OUTBOX_GRACE_S)
+    out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
+    out["republished"] = republish_after_resets(rt)
+    out["offline"] = release_offline_gpus(rt)
+    if _every(rt, "recheck", rt.settings.recheck_every_s):
+        out["rechecks"] = recheck_quarantined(rt)
+    if _every(rt, "unstick", UNSTICK_EVERY_S):
+        out["unstuck"] = unstick_shapes(rt)
+    out["placed"] = rt.coordinator.fill_all()
+    if any(v for k, v in out.items() if k != "placed"):
+        log.info("reconcile: %s", {k: v for k, v in out.items() if v})
+    return out
+
+
+def republish_after_resets(rt: Runtime) -> int:
+    """Steps still queued from before their queue's consumer died or restarted, or queued too long."""
+    queued = rt.client.zrange(keys.QUEUED, 0, -1, withscores=True)
+    if not queued:
+        return 0
+    pipe = rt.client.pipeline(transaction=False)
+    for step_id, _ in queued:
+        pipe.hget(keys.step(step_id), "queue")
+    step_queues = pipe.execute()
+    resets: dict[str, float] = {}
+    for queue in set(filter(None, step_queues)):
+        raw = rt.client.get(keys.queue_reset(queue))
+        resets[queue] = float(raw) if raw else 0.0
+    now = time.time()
+    stale = [
+        step_id
+        for (step_id, published), queue in zip(queued, step_queues, strict=True)
+        if queue is None or resets.get(queue, 0.0) > published or now - published > rt.settings.queue_resend_s
+    ]
+    return rt.ledger.republish(stale, "its queue's consumer restarted or it waited too long")
+
+
+def release_offline_gpus(rt: Runtime) -> int:
+    now, count = time.time(), 0
+    for gpu in registry.all_gpus(rt.client):
+        if gpu.status == registry.OFFLINE:
+            continue
+        if rt.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
+            if gpu.missing_since:
+                rt.client.hset(keys.gpu(gpu.uuid), "missing_since", "0")
+            continue
+        if not gpu.missing_since:
+            rt.client.hset(keys.gpu(gpu.uuid), "missing_since", repr(now))
+        elif now - gpu.missing_since > rt.settings.gpu_offline_s:
+            rt.coordinator.quarantine(gpu.uuid, "its worker is gone", status=registry.OFFLINE)
+            count += 1
+    return count
+
+
+def recheck_quarantined(rt: Runtime) -> int:
+    from croqq.cluster.app import app
+
+    count = 0
+    for gpu in registry.all_gpus(rt.client):
+        if gpu.status == registry.QUARANTINED and rt.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
+            app.send_task(TASK_GPU_RECHECK, args=[{"gpu_uuid": gpu.uuid}], queue=gpu.queue,
+                          expires=rt.settings.recheck_every_s)
+            count += 1
+    return count
+
+
+def unstick_shapes(rt: Runtime) -> int:
+    """Shapes that are neither done, nor stepping, nor waiting for a GPU get their next step planned."""
+    sids = sorted(rt.client.smembers(keys.SHAPES))
+    fixed = 0
+    for start in range(0, len(sids), 200):
+        batch = sids[start:start + 200]
+        raws = rt.client.mget([keys.shape(s) for s in batch])
+        for raw in raws:
+            if raw and _stuck(rt, ShapeState.model_validate_json(raw)):
+                fixed += _replan(rt, ShapeState.model_validate_json(raw).sid)
+    return fixed
+
+
+def _stuck(rt: Runtime, state: ShapeState) -> bool:
+    if state.loop.phase == Phase.DONE or state.error:
+        return False
+    if state.step_id is not None:
+        record = rt.ledger.load_step(state.step_id)
+        return record is None or record.status in ("done", "dropped")
+    if state.gpu_uuid is None:
+        return rt.client.zscore(keys.pending(state.gpu_type), state.sid) is None
+    return True
+
+
+def _replan(rt: Runtime, sid: str) -> int:
+    out: dict[str, Any] = {}
+
+    def body(pipe: Any) -> None:
+        state = rt.ledger.load_shape(sid, pipe)
+        if state is None or not _stuck(rt, state):
+            pipe.multi()
+            return
+        queue = rt.ledger.queue_for(state, pipe)
+        pipe.multi()
+        state.step_id = None
+        out["next"] = rt.ledger.plan_step(pipe, state, queue)
+        rt.ledger.save_shape(pipe, state)
+        out["fixed"] = 1
+
+    rt.ledger.txn.run([keys.shape(sid)], body)
+    rt.ledger.publish([out.get("next")])
+    if out.get("fixed"):
+        log.warning("%s had no step in flight; planned its next step", sid)
+    return int(out.get("fixed", 0))
+
+
+def rebuild(rt: Runtime) -> int:
+    """Cold start: recreate live state from the results repo's checkpoints and state.json."""
+    from croqq.store.load import list_runs, load_state, tried_hashes
+
+    repo = rt.results_reader()
+    if repo is None:
+        return 0
+
+    def state_keys(gpu_type: str, dsl: str) -> list[str]:
+        state = load_state(repo, gpu_type, dsl)
+        return sorted(state.shapes) if state else []
+
+    def tried(gpu_type: str, dsl: str, key: str) -> list[str]:
+        return tried_hashes(repo, gpu_type, dsl, key)
+
+    return rt.coordinator.rebuild_from_repo(list_runs(repo), state_keys, tried)

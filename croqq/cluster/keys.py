@@ -1,0 +1,100 @@
+"""Every Redis key croqq uses, with its type and lifetime (the one place for key names).
+
+    croqq:shape:<sid>              string  JSON ShapeState: one shape's live loop (sid = <gpu type>/<dsl>/<key>)
+    croqq:shapes                   set     all sids ever submitted
+    croqq:summary                  hash    sid -> one-line JSON summary (status views read only this)
+    croqq:pending:<gpu type>       zset    sids waiting for a GPU, score = schedule rank (negative: resumed)
+    croqq:active:<gpu uuid>        set     sids assigned to a GPU (pipeline depth bounds its size)
+    croqq:ideas:<sid>              set     content hashes already proposed for a shape (dedup)
+    croqq:step:<step id>           hash    step ledger record: sid kind epoch status owner queue payload times
+    croqq:running                  zset    step ids running, score = lease deadline (heartbeats push it)
+    croqq:queued                   zset    step ids queued, score = last publish time
+    croqq:outbox                   zset    step ids committed but maybe not yet published, score = time
+    croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason current since
+    croqq:gpus                     set     all GPU uuids
+    croqq:lease:<name>             string  singleton/GPU lease: owner id, PX = TTL (renewed by heartbeat)
+    croqq:worker:<node>            hash    a worker process: queues pid host started
+    croqq:workers                  zset    worker nodes, score = last heartbeat
+    croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
+    croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch, ...)
+    croqq:overhead                 list    per-iteration control-plane overhead in ms (newest first, capped)
+    croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
+    croqq:submission:<id>          string  JSON list of the sids of one submit
+    croqq:submissions              list    submission ids, newest last
+    croqq:simfault:<uuid>          hash    simulated GPU faults: kind -> JSON {"until": ts|null, "value": int}
+    croqq:barrier:<name>           string  test barriers (a step blocks while the key exists)
+    croqq:tick:<name>              string  rate limiter for periodic housekeeping (PX = period)
+"""
+
+from __future__ import annotations
+
+PREFIX = "croqq"
+
+SHAPES = f"{PREFIX}:shapes"
+SUMMARY = f"{PREFIX}:summary"
+RUNNING = f"{PREFIX}:running"
+QUEUED = f"{PREFIX}:queued"
+OUTBOX = f"{PREFIX}:outbox"
+GPUS = f"{PREFIX}:gpus"
+WORKERS = f"{PREFIX}:workers"
+STATS = f"{PREFIX}:stats"
+SUBMISSIONS = f"{PREFIX}:submissions"
+OVERHEAD = f"{PREFIX}:overhead"
+
+STEP_TTL_S = 6 * 3600  # finished step records linger this long to drop late duplicate messages
+
+
+def shape(sid: str) -> str:
+    return f"{PREFIX}:shape:{sid}"
+
+
+def pending(gpu_type: str) -> str:
+    return f"{PREFIX}:pending:{gpu_type}"
+
+
+def active(gpu_uuid: str) -> str:
+    return f"{PREFIX}:active:{gpu_uuid}"
+
+
+def ideas(sid: str) -> str:
+    return f"{PREFIX}:ideas:{sid}"
+
+
+def step(step_id: str) -> str:
+    return f"{PREFIX}:step:{step_id}"
+
+
+def gpu(uuid: str) -> str:
+    return f"{PREFIX}:gpu:{uuid}"
+
+
+def lease(name: str) -> str:
+    return f"{PREFIX}:lease:{name}"
+
+
+def worker(node: str) -> str:
+    return f"{PREFIX}:worker:{node}"
+
+
+def queue_reset(queue: str) -> str:
+    return f"{PREFIX}:queue_reset:{queue}"
+
+
+def gpu_busy(uuid: str) -> str:
+    return f"{PREFIX}:gpu_busy:{uuid}"
+
+
+def submission(sub_id: str) -> str:
+    return f"{PREFIX}:submission:{sub_id}"
+
+
+def simfault(uuid: str) -> str:
+    return f"{PREFIX}:simfault:{uuid}"
+
+
+def barrier(name: str) -> str:
+    return f"{PREFIX}:barrier:{name}"
+
+
+def tick(name: str) -> str:
+    return f"{PREFIX}:tick:{name}"

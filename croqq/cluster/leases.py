@@ -1,0 +1,117 @@
+"""Leases: Redis keys owned by one process, kept alive by a heartbeat thread, released on exit.
+
+A lease is ``SET key owner PX ttl NX``; renewing and releasing are compare-and-set on the owner (Lua),
+so a process that lost its lease (paused past the TTL) can never renew or delete its successor's.
+Used for the singletons (writer, beat), for GPU claims and for step leases (the ledger's heartbeats).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import redis
+
+from croqq.cluster import keys
+from croqq.errors import LeaseHeldError
+
+log = logging.getLogger(__name__)
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def owner_id(tag: str = "") -> str:
+    """A unique owner string naming host and pid, e.g. ``node1:4711:3f9a2c1b``."""
+    suffix = f":{tag}" if tag else ""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}{suffix}"
+
+
+class Lease:
+    def __init__(self, client: redis.Redis, name: str, owner: str, ttl_s: float) -> None:
+        self.client = client
+        self.key = keys.lease(name)
+        self.name = name
+        self.owner = owner
+        self.ttl_ms = int(ttl_s * 1000)
+
+    def try_acquire(self) -> bool:
+        return bool(self.client.set(self.key, self.owner, px=self.ttl_ms, nx=True))
+
+    def acquire(self, wait_s: float, what: str) -> None:
+        """Take the lease, waiting up to ``wait_s`` for a dead holder's lease to expire."""
+        deadline = time.monotonic() + wait_s
+        while not self.try_acquire():
+            if time.monotonic() >= deadline:
+                holder = self.client.get(self.key)
+                raise LeaseHeldError(
+                    f"{what} is already held by {holder} (lease {self.key}); only one may run - stop it first"
+                )
+            time.sleep(0.2)
+        log.info("acquired lease %s as %s", self.key, self.owner)
+
+    def renew(self) -> bool:
+        return bool(self.client.eval(_RENEW, 1, self.key, self.owner, self.ttl_ms))
+
+    def held(self) -> bool:
+        return bool(self.client.get(self.key) == self.owner)
+
+    def release(self) -> None:
+        try:
+            self.client.eval(_RELEASE, 1, self.key, self.owner)
+        except redis.RedisError as exc:  # pragma: no cover - best effort at shutdown
+            log.warning("could not release lease %s: %s", self.key, exc)
+
+
+class Heartbeat:
+    """A daemon thread that calls each registered beat every ``interval_s`` (errors logged, never fatal)."""
+
+    def __init__(self, interval_s: float, name: str = "croqq-heartbeat") -> None:
+        self.interval_s = interval_s
+        self._beats: dict[str, Callable[[], object]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def add(self, name: str, beat: Callable[[], object]) -> None:
+        with self._lock:
+            self._beats[name] = beat
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._beats.pop(name, None)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat_now(self) -> None:
+        with self._lock:
+            beats = list(self._beats.items())
+        for name, beat in beats:
+            try:
+                beat()
+            except Exception as exc:  # a failed beat is retried next interval
+                log.warning("heartbeat %s failed: %s", name, exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat_now()

@@ -1,0 +1,377 @@
+"""The step ledger: exactly-once application of at-least-once messages.
+
+Each shape has at most one step in flight. A step record (``croqq:step:<id>``) moves
+``queued -> running -> done`` (or ``dropped``):
+
+- **publish**: the record is written in the same Redis transaction as the shape state that created it,
+  plus an outbox entry; the Celery message is sent afterwards and the outbox entry removed. A crash in
+  between leaves the outbox entry, and housekeeping publishes it again.
+- **claim**: a worker may run a step only by moving it ``queued -> running`` for the message's epoch
+  (a Lua script); duplicates and stale epochs are refused. The claimer holds a lease: its deadline is
+  the step's score in ``croqq:running``, pushed forward by heartbeats.
+- **complete**: the result (an FSM event) is applied in one WATCH/MULTI transaction that checks the
+  step is still ours at this epoch, moves the shape's loop, marks the step done and writes the next
+  step. First result wins; a stale or duplicate result changes nothing.
+- **expire**: housekeeping re-queues a running step whose lease deadline passed, with epoch + 1; the
+  old holder's result is then stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import redis
+from pydantic import BaseModel, ConfigDict
+
+from croqq.cluster import keys
+from croqq.cluster.queues import GPU_KINDS, SHARED_QUEUE
+from croqq.cluster.state import ShapeState
+from croqq.domain.fsm import Measured, Phase, Proposed, Stored, decide_event, transition
+from croqq.errors import StaleStepError
+
+log = logging.getLogger(__name__)
+
+QUEUED, RUNNING, DONE, DROPPED = "queued", "running", "done", "dropped"
+PHASE_KIND = {
+    Phase.BASELINE: "baseline",
+    Phase.PROFILE: "profile",
+    Phase.MEASURE: "measure",
+    Phase.IDEATE: "ideate",
+    Phase.IMPLEMENT: "implement",
+    Phase.STORE: "store",
+}
+
+_CLAIM = """
+local st = redis.call('HMGET', KEYS[1], 'status', 'epoch')
+if not st[1] then return 'missing' end
+if st[2] ~= ARGV[1] then return 'stale' end
+if st[1] ~= 'queued' then return st[1] end
+redis.call('HSET', KEYS[1], 'status', 'running', 'owner', ARGV[2], 'started_at', ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+return 'ok'
+"""
+_HEARTBEAT = """
+local st = redis.call('HMGET', KEYS[1], 'status', 'owner')
+if st[1] == 'running' and st[2] == ARGV[1] then
+  redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+class StepRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    step_id: str
+    sid: str
+    kind: str
+    epoch: int
+    status: str
+    queue: str
+    owner: str = ""
+    dispatched_at: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+Publisher = Callable[[StepRecord], None]
+Hook = Callable[[Any, ShapeState, ShapeState, Any], None]
+
+
+class Txn:
+    """Reads done before ``multi`` and writes queued after it, retried on WatchError."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def run(self, watch: list[str], body: Callable[[Any], Any]) -> Any:
+        with self.client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(*watch)
+                    result = body(pipe)
+                    pipe.execute()
+                    return result
+                except redis.WatchError:
+                    continue
+                finally:
+                    pipe.reset()
+
+
+class Ledger:
+    def __init__(self, client: redis.Redis, lease_ttl_s: float, publisher: Publisher | None = None) -> None:
+        self.client = client
+        self.lease_ttl_s = lease_ttl_s
+        self.publisher = publisher
+        self.txn = Txn(client)
+        self._queues: dict[str, str] = {}
+        self._claim = client.register_script(_CLAIM)
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self.on_stored: list[Hook] = []  # called inside the transaction (pipe in multi mode)
+        self.on_done: list[Callable[[ShapeState], None]] = []  # called after commit
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    def load_shape(self, sid: str, conn: Any = None) -> ShapeState | None:
+        raw = (conn or self.client).get(keys.shape(sid))
+        return ShapeState.model_validate_json(raw) if raw else None
+
+    def load_step(self, step_id: str, conn: Any = None) -> StepRecord | None:
+        data = (conn or self.client).hgetall(keys.step(step_id))
+        return StepRecord.model_validate(data) if data else None
+
+    def gpu_queue(self, uuid: str, conn: Any = None) -> str | None:
+        """The queue of a registered GPU (cached: a GPU's queue never changes once registered)."""
+        queue = self._queues.get(uuid)
+        if queue is None:
+            raw = (conn or self.client).hget(keys.gpu(uuid), "queue")
+            if not raw:
+                return None
+            queue = self._queues[uuid] = str(raw)
+        return queue
+
+    # -- writes inside a transaction ------------------------------------------------------------------
+
+    @staticmethod
+    def save_shape(pipe: Any, state: ShapeState) -> None:
+        """Write the shape and its one-line summary (what status views read) in the same transaction."""
+        state.updated_at = time.time()
+        pipe.set(keys.shape(state.sid), state.model_dump_json())
+        pipe.hset(keys.SUMMARY, state.sid, state.summary_json())
+
+    def plan_step(self, pipe: Any, state: ShapeState, gpu_queue: str | None) -> StepRecord | None:
+        """Write the step the shape's phase calls for (pipe in multi mode); None if it needs none now.
+
+        A GPU step for a shape without a GPU (or whose GPU has no queue) waits in the pending set.
+        """
+        kind = PHASE_KIND.get(state.loop.phase)
+        if kind is None or state.error:
+            state.step_id = None
+            return None
+        if kind in GPU_KINDS:
+            if state.gpu_uuid is None or gpu_queue is None:
+                state.step_id = None
+                self.release_gpu(pipe, state)
+                return None
+            queue = gpu_queue
+        else:
+            queue = SHARED_QUEUE[kind]
+        state.step_seq += 1
+        now = time.time()
+        record = StepRecord(
+            step_id=f"{state.sid}#{state.step_seq}", sid=state.sid, kind=kind, epoch=0, status=QUEUED,
+            queue=queue, dispatched_at=now,
+        )
+        state.step_id = record.step_id
+        self._write_step(pipe, record)
+        return record
+
+    @staticmethod
+    def release_gpu(pipe: Any, state: ShapeState) -> None:
+        """The shape leaves its GPU (if any) and waits in the pending set for one (pipe in multi mode).
+
+        Its in-flight step, if any, is the caller's business; its next GPU step re-measures the best first.
+        """
+        if state.gpu_uuid:
+            pipe.srem(keys.active(state.gpu_uuid), state.sid)
+        state.gpu_uuid = None
+        if state.loop.current_iter >= 0:
+            state.needs_rebase = True
+        pipe.zadd(keys.pending(state.gpu_type), {state.sid: state.pending_score()})
+
+    def drop_step(self, pipe: Any, step_id: str) -> None:
+        """Cancel a queued or running step (pipe in multi mode); any message or result for it is stale."""
+        pipe.hset(keys.step(step_id), mapping={"status": DROPPED, "owner": ""})
+        pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
+        for zset in (keys.RUNNING, keys.QUEUED, keys.OUTBOX):
+            pipe.zrem(zset, step_id)
+
+    def _write_step(self, pipe: Any, record: StepRecord) -> None:
+        pipe.hset(keys.step(record.step_id), mapping={k: str(v) for k, v in record.model_dump().items()})
+        pipe.zadd(keys.QUEUED, {record.step_id: record.dispatched_at})
+        pipe.zadd(keys.OUTBOX, {record.step_id: record.dispatched_at})
+
+    def queue_for(self, state: ShapeState, conn: Any) -> str | None:
+        """The GPU queue a shape's next GPU step would go to (read before multi)."""
+        return self.gpu_queue(state.gpu_uuid, conn) if state.gpu_uuid else None
+
+    # -- publishing -----------------------------------------------------------------------------------
+
+    def publish(self, records: Iterable[StepRecord | None]) -> None:
+        for record in records:
+            if record is None or self.publisher is None:
+                continue
+            self.publisher(record)
+            self.client.zrem(keys.OUTBOX, record.step_id)
+
+    # -- the step protocol ----------------------------------------------------------------------------
+
+    def claim(self, step_id: str, epoch: int, owner: str) -> str:
+        """'ok' if this owner now runs the step; else why not ('missing', 'stale', 'running', 'done', ...)."""
+        now = time.time()
+        return str(
+            self._claim(
+                keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED],
+                args=[str(epoch), owner, repr(now), repr(now + self.lease_ttl_s), step_id],
+            )
+        )
+
+    def heartbeat(self, step_id: str, owner: str) -> bool:
+        deadline = time.time() + self.lease_ttl_s
+        return bool(self._heartbeat(keys=[keys.step(step_id), keys.RUNNING], args=[owner, repr(deadline), step_id]))
+
+    def complete(self, step_id: str, epoch: int, owner: str, event: Any) -> ShapeState:
+        """Apply a step's result exactly once; publish the next step. Raises StaleStepError if not ours."""
+        watch = [keys.step(step_id)]
+        record0 = self.load_step(step_id)
+        if record0 is None:
+            raise StaleStepError(f"step {step_id} no longer exists")
+        watch.append(keys.shape(record0.sid))
+        out: dict[str, Any] = {}
+
+        def body(pipe: Any) -> None:
+            record = self.load_step(step_id, pipe)
+            state = self.load_shape(record0.sid, pipe)
+            if record is None or state is None:
+                raise StaleStepError(f"step {step_id} or its shape vanished")
+            if (record.status, record.epoch, record.owner) != (RUNNING, epoch, owner) or state.step_id != step_id:
+                raise StaleStepError(
+                    f"step {step_id} epoch {epoch} is stale (now {record.status} epoch {record.epoch})"
+                )
+            before = state.model_copy(deep=True)
+            now = time.time()
+            state.iter_exec_s += max(0.0, now - record.started_at)
+            state.loop = transition(state.loop, event)
+            if state.loop.phase == Phase.DECIDE:
+                state.loop = transition(state.loop, decide_event(state.loop))
+            if isinstance(event, Measured):
+                state.needs_rebase = False
+            queue = self.queue_for(state, pipe)
+            pipe.multi()
+            if isinstance(event, Proposed):
+                pipe.sadd(keys.ideas(state.sid), event.idea.content_hash)
+            if isinstance(event, Stored):
+                for hook in self.on_stored:
+                    hook(pipe, before, state, event)
+                state.iter_t0, state.iter_exec_s = now, 0.0
+            pipe.hset(keys.step(step_id), mapping={"status": DONE, "finished_at": repr(now)})
+            pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
+            pipe.zrem(keys.RUNNING, step_id)
+            if state.loop.phase == Phase.DONE and state.gpu_uuid:
+                pipe.srem(keys.active(state.gpu_uuid), state.sid)
+            out["next"] = self.plan_step(pipe, state, queue)
+            self.save_shape(pipe, state)
+            out["state"] = state
+
+        self.txn.run(watch, body)
+        self.publish([out["next"]])
+        final: ShapeState = out["state"]
+        if final.loop.phase == Phase.DONE:
+            for hook in self.on_done:
+                hook(final)
+        return final
+
+    def requeue(self, step_id: str, reason: str, expect_owner: str | None = None, only_expired: bool = False) -> bool:
+        """Put a running step back in its queue with epoch + 1 (worker gave it up or its lease expired).
+
+        A GPU step whose shape lost its GPU is dropped instead; the shape then waits for a GPU.
+        """
+        record0 = self.load_step(step_id)
+        if record0 is None:
+            self.client.zrem(keys.RUNNING, step_id)
+            return False
+        out: dict[str, Any] = {"next": None, "done": False}
+
+        def body(pipe: Any) -> None:
+            record = self.load_step(step_id, pipe)
+            state = self.load_shape(record0.sid, pipe)
+            deadline = pipe.zscore(keys.RUNNING, step_id)
+            if record is None or record.status != RUNNING:
+                pipe.multi()
+                pipe.zrem(keys.RUNNING, step_id)
+                return
+            if expect_owner is not None and record.owner != expect_owner:
+                pipe.multi()
+                return
+            if only_expired and deadline is not None and float(deadline) > time.time():
+                pipe.multi()
+                return
+            queue = record.queue
+            if record.kind in GPU_KINDS and state is not None:
+                queue = self.queue_for(state, pipe) or ""
+            pipe.multi()
+            pipe.zrem(keys.RUNNING, step_id)
+            if state is None or state.step_id != step_id or not queue:
+                self.drop_step(pipe, step_id)
+                if state is not None and state.step_id == step_id:
+                    state.step_id = None
+                    self.release_gpu(pipe, state)
+                    self.save_shape(pipe, state)
+                out["done"] = True
+                return
+            now = time.time()
+            new = record.model_copy(update={"epoch": record.epoch + 1, "status": QUEUED, "owner": "",
+                                            "queue": queue, "dispatched_at": now})
+            self._write_step(pipe, new)
+            pipe.hincrby(keys.STATS, "redispatch", 1)
+            out["next"], out["done"] = new, True
+
+        self.txn.run([keys.step(step_id), keys.shape(record0.sid), keys.RUNNING], body)
+        if out["next"] is not None:
+            log.warning("re-dispatching %s %s as epoch %d: %s", record0.kind, step_id, out["next"].epoch, reason)
+            self.publish([out["next"]])
+        return bool(out["done"])
+
+    def expire_leases(self) -> int:
+        """Re-queue every running step whose lease deadline has passed."""
+        expired = self.client.zrangebyscore(keys.RUNNING, "-inf", time.time())
+        return sum(self.requeue(sid, "lease expired", only_expired=True) for sid in expired)
+
+    def flush_outbox(self, older_than_s: float) -> int:
+        """Publish steps whose publication may have been lost (crash between commit and send)."""
+        stale = self.client.zrangebyscore(keys.OUTBOX, "-inf", time.time() - older_than_s)
+        return self.republish(stale, "unpublished after commit")
+
+    def republish(self, step_ids: Iterable[str], reason: str) -> int:
+        count = 0
+        for step_id in step_ids:
+            record = self.load_step(step_id)
+            if record is None or record.status != QUEUED:
+                self.client.zrem(keys.OUTBOX, step_id)
+                self.client.zrem(keys.QUEUED, step_id)
+                continue
+            self.client.zadd(keys.QUEUED, {step_id: time.time()})
+            log.info("re-publishing %s (%s)", step_id, reason)
+            self.publish([record])
+            count += 1
+        return count
+
+    def fail(self, step_id: str, owner: str, reason: str, terminal: bool, max_failures: int) -> None:
+        """A step raised: retry it (new epoch) unless it is terminal or failed too often; then park the
+        shape as 'error' (shown by status, kept out of the schedule) instead of looping forever."""
+        failures = int(self.client.hincrby(keys.step(step_id), "failures", 1))
+        if not terminal and failures < max_failures:
+            self.requeue(step_id, reason, expect_owner=owner)
+            return
+        record = self.load_step(step_id)
+        if record is None:
+            return
+
+        def body(pipe: Any) -> None:
+            state = self.load_shape(record.sid, pipe)
+            pipe.multi()
+            self.drop_step(pipe, step_id)
+            if state is not None and state.step_id == step_id:
+                state.step_id = None
+                state.error = reason[:500]
+                if state.gpu_uuid:
+                    pipe.srem(keys.active(state.gpu_uuid), state.sid)
+                self.save_shape(pipe, state)
+
+        self.txn.run([keys.step(step_id), keys.shape(record.sid)], body)
+        log.error("%s parked as error after %d failure(s): %s", record.sid, failures, reason)

@@ -1,0 +1,187 @@
+"""A whole cluster on this machine: embedded Redis (unless a broker is configured), coordinator, writer,
+beat, build and ideate workers and one worker per GPU, each a real supervised process.
+
+Used by `croqq up`, `croqq stress`, the benchmarks and the integration tests; everything about the
+cluster comes from ``env`` (CROQQ_* variables), so several clusters can run side by side.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from croqq.cluster.supervise import Child, Supervisor
+from croqq.cluster.progress import Snapshot, snapshot, submission_sids
+from croqq.cluster.redis_server import RedisServer
+from croqq.errors import ConfigError
+from croqq.settings import Settings
+
+ROLES: dict[str, list[str]] = {
+    "coordinator": ["coordinator"],
+    "writer": ["writer"],
+    "beat": ["beat"],
+    "build": ["build-worker"],
+    "ideate": ["ideate-worker"],
+}
+
+
+def settings_from(env: dict[str, str]) -> Settings:
+    """Settings from this process's CROQQ_* variables overlaid with ``env``."""
+    merged = {k: v for k, v in os.environ.items() if k.startswith("CROQQ_")} | env
+    return Settings(**{k[len("CROQQ_"):].lower(): v for k, v in merged.items()})  # type: ignore[arg-type]
+
+
+def gpu_children(gpus: str, settings: Settings, log_level: str, env: dict[str, str] | None = None) -> list[Child]:
+    """One supervised `croqq gpu-worker` child per selected GPU, each with its own CUDA environment."""
+    from croqq.cluster.runtime import ENV_GPU_INDEX, ENV_GPU_TYPE, ENV_GPU_UUID
+    from croqq.probes import make_probe
+
+    probe = make_probe(settings)
+    found = probe.discover()
+    probe.close()
+    if gpus != "all":
+        try:
+            wanted = {int(x) for x in gpus.split(",") if x.strip()}
+        except ValueError as exc:
+            raise ConfigError(f"--gpus {gpus!r}: use 'all' or GPU indexes like 0,1,3") from exc
+        unknown = sorted(wanted - {g.index for g in found})
+        if unknown:
+            raise ConfigError(f"--gpus: no GPU with index {unknown} on this host (found {len(found)})")
+        found = [g for g in found if g.index in wanted]
+    children = []
+    for g in found:
+        gpu_env = {"CUDA_VISIBLE_DEVICES": g.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", ENV_GPU_UUID: g.uuid,
+                   ENV_GPU_INDEX: str(g.index), ENV_GPU_TYPE: g.gpu_type}
+        argv = [sys.executable, "-m", "croqq", "gpu-worker", "--uuid", g.uuid, "--index", str(g.index),
+                "--type", g.gpu_type, "--log-level", log_level]
+        logfile = settings.run_dir / "logs" / f"gpu{g.index}.log"
+        children.append(Child(f"gpu{g.index}", argv, {**(env or {}), **gpu_env}, logfile))
+    return children
+
+
+class LocalCluster:
+    def __init__(self, env: dict[str, str], log_level: str = "INFO", roles: dict[str, list[str]] | None = None) -> None:
+        self.env = dict(env)
+        self.log_level = log_level
+        self.roles = ROLES if roles is None else roles
+        self.settings = settings_from(self.env)
+        self.redis: RedisServer | None = None
+        self.supervisor: Supervisor | None = None
+        self.gpu_names: list[str] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start_redis(self) -> None:
+        if self.settings.broker_url:
+            return
+        from croqq.cluster.redis_client import require_redis
+
+        try:
+            require_redis(self.settings, timeout_s=1.0)
+        except ConfigError:
+            pass
+        else:
+            raise ConfigError(f"a croqq cluster already runs in {self.settings.run_dir}; stop it first")
+        self.redis = RedisServer(self.settings.run_dir.resolve() / "redis")
+        self.redis.start()
+        self.env["CROQQ_BROKER_URL"] = self.redis.url
+        self.settings = settings_from(self.env)
+
+    def children(self) -> list[Child]:
+        logs = self.settings.run_dir / "logs"
+        level = ["--log-level", self.log_level]
+        roles = [Child(name, [sys.executable, "-m", "croqq", *argv, *level], self.env, logs / f"{name}.log")
+                 for name, argv in self.roles.items()]
+        gpus = gpu_children("all", self.settings, self.log_level, self.env)
+        self.gpu_names = [g.name for g in gpus]
+        return roles + gpus
+
+    def start(self) -> LocalCluster:
+        self.start_redis()
+        self.supervisor = Supervisor(self.children())
+        self.supervisor.start_all()
+        return self
+
+    def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- talking to it ---------------------------------------------------------------------------------
+
+    @property
+    def client(self):  # type: ignore[no-untyped-def]
+        from croqq.cluster.redis_client import connect
+
+        return connect(self.settings)
+
+    def runtime(self):  # type: ignore[no-untyped-def]
+        from croqq.cluster.runtime import Runtime, publisher_for
+
+        return Runtime(self.settings, publisher=publisher_for(self.settings))
+
+    def wait_gpus(self, count: int | None = None, timeout_s: float = 60.0) -> None:
+        from croqq.cluster import keys, registry
+
+        want = len(self.gpu_names) if count is None else count
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            live = [g for g in registry.all_gpus(self.client) if self.client.exists(keys.lease(f"gpu:{g.uuid}"))]
+            if len(live) >= want:
+                return
+            self.poll()
+            time.sleep(0.2)
+        raise ConfigError(f"only some of the {want} GPU workers registered within {timeout_s:.0f}s; see the logs")
+
+    def submit(self, dtype: str, shape: str | None = None, max_iter: int | None = None,
+               mode: str = "from_current_best", gpu_type: str | None = None, limit: int | None = None) -> str:
+        """Register a submission (in-process coordinator; ``limit``: only the first N shapes); returns its id."""
+        from croqq.cli.submit import pick_gpu_type
+        from croqq.cluster.messages import SubmitMessage
+        from croqq.domain.manifest import load_manifest
+        from croqq.domain.schedule import build_schedule
+        from croqq.domain.shapes import parse_dims
+
+        manifest = load_manifest(self.settings.manifest)
+        schedule = build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)[:limit]
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+        msg = SubmitMessage(
+            submission=f"sub-{stamp}-{secrets.token_hex(3)}",
+            gpu_type=pick_gpu_type(self.settings, manifest, gpu_type), dsl=self.settings.dsl, mode=mode,
+            max_iter=max_iter or manifest.mode(mode).max_iter, shapes=schedule,
+        )
+        self.runtime().coordinator.submit(msg)
+        return msg.submission
+
+    def snapshot(self, submission: str | None = None) -> Snapshot:
+        return snapshot(self.client, submission_sids(self.client, submission) if submission else None)
+
+    def poll(self) -> list[str]:
+        return self.supervisor.poll() if self.supervisor is not None else []
+
+    def wait_done(self, submission: str, timeout_s: float,
+                  on_tick: Callable[[Snapshot], None] | None = None, every_s: float = 0.5) -> Snapshot:
+        """Poll (restarting dead children) until the submission is finished; ConfigError on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            snap = self.snapshot(submission)
+            if on_tick is not None:
+                on_tick(snap)
+            if snap.finished:
+                return snap
+            if time.monotonic() > deadline:
+                raise ConfigError(f"submission {submission} not finished after {timeout_s:.0f}s: {snap.total}")
+            self.poll()
+            time.sleep(every_s)

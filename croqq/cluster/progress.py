@@ -1,0 +1,113 @@
+"""A point-in-time view of the cluster (what `croqq status`, the live view and benchmarks read).
+
+Reads only small keys: the per-shape summary hash, counters, the GPU registry and busy totals.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import redis
+
+from croqq.cluster import keys, registry, stats
+from croqq.cluster.state import ShapeSummary
+
+
+@dataclass
+class DtypeProgress:
+    done: int = 0
+    active: int = 0
+    pending: int = 0
+    error: int = 0
+    iters_done: int = 0
+    iters_total: int = 0
+
+
+@dataclass
+class GpuProgress:
+    uuid: str
+    status: str
+    current: str
+    active: int
+    busy_s: float
+
+
+@dataclass
+class Snapshot:
+    at: float
+    dtypes: dict[str, DtypeProgress]
+    gpus: list[GpuProgress]
+    counters: dict[str, int]
+    shapes: dict[str, ShapeSummary] = field(default_factory=dict)
+
+    @property
+    def total(self) -> DtypeProgress:
+        out = DtypeProgress()
+        for p in self.dtypes.values():
+            for name in vars(out):
+                setattr(out, name, getattr(out, name) + getattr(p, name))
+        return out
+
+    @property
+    def finished(self) -> bool:
+        t = self.total
+        return t.active == 0 and t.pending == 0 and (t.done + t.error) > 0
+
+
+def submission_sids(client: redis.Redis, submission: str | None) -> list[str] | None:
+    """The sids of a submission ('latest' for the newest), or None for every shape."""
+    if submission is None:
+        return None
+    if submission == "latest":
+        latest = client.lindex(keys.SUBMISSIONS, -1)
+        if latest is None:
+            return []
+        submission = str(latest)
+    raw = client.get(keys.submission(submission))
+    return json.loads(raw) if raw else []
+
+
+def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
+    raw = client.hgetall(keys.SUMMARY)
+    chosen = raw if sids is None else {s: raw[s] for s in sids if s in raw}
+    shapes = {sid: ShapeSummary.model_validate_json(v) for sid, v in chosen.items()}
+    dtypes: dict[str, DtypeProgress] = {}
+    for s in shapes.values():
+        p = dtypes.setdefault(s.dtype, DtypeProgress())
+        setattr(p, s.status, getattr(p, s.status) + 1)
+        p.iters_done += max(0, s.current_iter + 1)
+        p.iters_total += s.max_iter + 1
+    gpus = []
+    for g in registry.all_gpus(client):
+        gpus.append(GpuProgress(uuid=g.uuid, status=g.status, current=g.current,
+                                active=int(client.scard(keys.active(g.uuid))),
+                                busy_s=stats.busy(client, g.uuid).get("busy_s", 0.0)))
+    return Snapshot(at=time.time(), dtypes=dtypes, gpus=gpus, counters=stats.counters(client), shapes=shapes)
+
+
+class RateMeter:
+    """Iterations per second over a sliding window, and an ETA."""
+
+    def __init__(self, window_s: float = 20.0) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, snap: Snapshot) -> None:
+        self.samples.append((snap.at, snap.total.iters_done))
+        while len(self.samples) > 2 and snap.at - self.samples[0][0] > self.window_s:
+            self.samples.popleft()
+
+    @property
+    def rate(self) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self.samples[0], self.samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def eta_s(self, snap: Snapshot) -> float | None:
+        t = snap.total
+        remaining = t.iters_total - t.iters_done
+        return remaining / self.rate if self.rate > 0 else None

@@ -1,0 +1,50 @@
+"""Every queue name, and which queue each step kind goes to.
+
+    control                 coordinator: submit, fill, reconcile
+    build                   IMPLEMENT (materialize + compile)
+    ideate                  IDEATE (the proposer; rate-limited)
+    store                   STORE (the single writer)
+    gpu.<host>.<gpu uuid>   BASELINE, PROFILE, MEASURE on one GPU (one worker process per GPU)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+CONTROL = "control"
+BUILD = "build"
+IDEATE = "ideate"
+STORE = "store"
+
+StepKind = Literal["baseline", "profile", "ideate", "implement", "measure", "store"]
+GPU_KINDS: frozenset[str] = frozenset({"baseline", "profile", "measure"})
+SHARED_QUEUE: dict[str, str] = {"ideate": IDEATE, "implement": BUILD, "store": STORE}
+
+# Celery task names, one per queue family
+TASK_GPU = "croqq.step.gpu"
+TASK_BUILD = "croqq.step.build"
+TASK_IDEATE = "croqq.step.ideate"
+TASK_STORE = "croqq.step.store"
+TASK_SUBMIT = "croqq.control.submit"
+TASK_FILL = "croqq.control.fill"
+TASK_RECONCILE = "croqq.control.reconcile"
+TASK_SUMMARY = "croqq.store.summary"
+TASK_FLUSH = "croqq.store.flush"
+TASK_GPU_RECHECK = "croqq.gpu.recheck"
+
+STEP_TASK: dict[str, str] = {
+    "baseline": TASK_GPU,
+    "profile": TASK_GPU,
+    "measure": TASK_GPU,
+    "ideate": TASK_IDEATE,
+    "implement": TASK_BUILD,
+    "store": TASK_STORE,
+}
+
+
+def gpu_queue(host: str, uuid: str) -> str:
+    return f"gpu.{host}.{uuid}"
+
+
+def is_gpu_queue(queue: str) -> bool:
+    return queue.startswith("gpu.")

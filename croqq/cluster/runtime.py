@@ -1,0 +1,186 @@
+"""One croqq process's context: settings, manifest, Redis, ledger, coordinator, and the role's parts
+(backend, proposer, probe, writer), each created lazily, once per process (so after a prefork fork).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import redis
+
+from croqq.cluster import stats
+from croqq.cluster.coordinator import Coordinator
+from croqq.cluster.ledger import Ledger, StepRecord
+from croqq.cluster.leases import Heartbeat, owner_id
+from croqq.cluster.messages import StepMessage
+from croqq.cluster.queues import STEP_TASK
+from croqq.cluster.redis_client import connect
+from croqq.domain.manifest import Manifest, cached_manifest
+from croqq.settings import Settings, get_settings
+from croqq.store.schema import Checkpoint
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from croqq.backends._base import Backend, GpuContext
+    from croqq.probes._base import GpuProbe
+    from croqq.proposers._base import Proposer
+    from croqq.store.gitrepo import GitRepo
+    from croqq.store.writer import ResultsWriter
+
+log = logging.getLogger(__name__)
+
+ENV_GPU_UUID = "CROQQ_GPU_UUID"
+ENV_GPU_INDEX = "CROQQ_GPU_INDEX"
+ENV_GPU_TYPE = "CROQQ_GPU_TYPE"
+ENV_GPU_OWNER = "CROQQ_GPU_OWNER"
+
+
+def celery_publisher(record: StepRecord, celery: Celery | None = None) -> None:
+    """Send a step's message (to this process's app unless another is given)."""
+    if celery is None:
+        from croqq.cluster.app import app as celery
+    msg = StepMessage(step_id=record.step_id, epoch=record.epoch, sid=record.sid, kind=record.kind)  # type: ignore[arg-type]
+    celery.send_task(STEP_TASK[record.kind], args=[msg.model_dump()], queue=record.queue)
+
+
+def publisher_for(settings: Settings) -> Callable[[StepRecord], None]:
+    """A publisher bound to its own app for ``settings`` (tools that talk to a cluster other than the env's)."""
+    from croqq.cluster.app import make_app
+
+    celery = make_app(settings)
+    return lambda record: celery_publisher(record, celery)
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    uuid: str
+    index: int
+    gpu_type: str
+    owner: str  # the GPU lease owner (the worker's main process)
+
+    @classmethod
+    def from_env(cls) -> GpuIdentity | None:
+        uuid = os.environ.get(ENV_GPU_UUID)
+        if not uuid:
+            return None
+        return cls(uuid=uuid, index=int(os.environ.get(ENV_GPU_INDEX, "0")),
+                   gpu_type=os.environ.get(ENV_GPU_TYPE, ""), owner=os.environ.get(ENV_GPU_OWNER, ""))
+
+
+class Runtime:
+    def __init__(self, settings: Settings, publisher: object = celery_publisher) -> None:
+        self.settings = settings
+        self.owner = owner_id()
+        self._publisher = publisher
+        self._reader: GitRepo | None = None
+
+    @cached_property
+    def manifest(self) -> Manifest:
+        return cached_manifest(str(self.settings.manifest))
+
+    @cached_property
+    def client(self) -> redis.Redis:
+        return connect(self.settings)
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        ledger = Ledger(self.client, self.settings.lease_ttl_s, self._publisher)  # type: ignore[arg-type]
+        ledger.on_stored.append(stats.on_stored)
+        ledger.on_done.append(self._refill)
+        return ledger
+
+    @cached_property
+    def coordinator(self) -> Coordinator:
+        return Coordinator(self.settings, self.manifest, self.client, self.ledger, self.load_checkpoint)
+
+    @cached_property
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(self.settings.lease_ttl_s / 4, name=f"croqq-heartbeat-{os.getpid()}").start()
+
+    @cached_property
+    def backend(self) -> Backend:
+        from croqq.backends import make_backend
+
+        return make_backend(self.settings, self.manifest)
+
+    @cached_property
+    def proposer(self) -> Proposer:
+        from croqq.proposers import make_proposer
+
+        return make_proposer(self.settings, self.manifest)
+
+    @cached_property
+    def probe(self) -> GpuProbe:
+        from croqq.probes import make_probe
+
+        return make_probe(self.settings, self.client)
+
+    @cached_property
+    def gpu_identity(self) -> GpuIdentity:
+        ident = GpuIdentity.from_env()
+        if ident is None:
+            from croqq.errors import ConfigError
+
+            raise ConfigError(f"this process serves no GPU ({ENV_GPU_UUID} is unset); start it with `croqq worker`")
+        return ident
+
+    @cached_property
+    def gpu(self) -> GpuContext:
+        from croqq.backends._base import GpuContext
+
+        ident = self.gpu_identity
+        return GpuContext(uuid=ident.uuid, index=ident.index, gpu_type=ident.gpu_type, probe=self.probe)
+
+    @cached_property
+    def writer(self) -> ResultsWriter:
+        from croqq.store.gitrepo import GitRepo
+        from croqq.store.writer import ResultsWriter
+
+        repo = GitRepo(Path(self.settings.results_repo), self.settings.results_branch, self.settings.sync_worktree)
+        removed = repo.remove_stale_locks()  # safe: this process holds the writer lease
+        if removed:
+            log.warning("removed stale git lock file(s) left by a killed writer: %s", ", ".join(removed))
+        return ResultsWriter(repo)
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def load_checkpoint(self, gpu_type: str, dsl: str, key: str) -> Checkpoint | None:
+        """Read a shape's checkpoint from the results repo's branch tip (None when there is none)."""
+        from croqq.store.load import load_checkpoint
+
+        if self._reader is None:
+            self._reader = self.results_reader()  # reads re-read the branch ref, so caching is safe
+        return load_checkpoint(self._reader, gpu_type, dsl, key) if self._reader is not None else None
+
+    def results_reader(self) -> GitRepo | None:
+        """A read-only view of the results repo's branch tip, or None before the writer created it."""
+        from croqq.store.gitrepo import GitRepo
+
+        path = Path(self.settings.results_repo)
+        if not (path / ".git").exists() and not (path / "HEAD").exists():
+            return None
+        return GitRepo.open_existing(path, self.settings.results_branch)
+
+    def _refill(self, state: object) -> None:
+        uuid = getattr(state, "gpu_uuid", None)
+        if uuid:
+            self.coordinator.fill(uuid)
+
+
+_RUNTIMES: dict[int, Runtime] = {}
+
+
+def get_runtime() -> Runtime:
+    """The runtime of this process (a fresh one after fork)."""
+    pid = os.getpid()
+    rt = _RUNTIMES.get(pid)
+    if rt is None:
+        rt = _RUNTIMES[pid] = Runtime(get_settings())
+    return rt

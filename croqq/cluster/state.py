@@ -1,0 +1,89 @@
+"""A shape's live state in Redis: its FSM loop plus where it runs (GPU, current step, epoch bookkeeping)."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from croqq.domain.fsm import Loop, Phase
+from croqq.domain.shapes import Shape
+
+PENDING, ACTIVE, DONE, ERROR = "pending", "active", "done", "error"
+RESUME_BOOST = 1_000_000.0  # subtracted from the rank of resumed shapes so they run first
+
+
+def make_sid(gpu_type: str, dsl: str, key: str) -> str:
+    return f"{gpu_type}/{dsl}/{key}"
+
+
+def split_sid(sid: str) -> tuple[str, str, str]:
+    gpu_type, dsl, key = sid.split("/", 2)
+    return gpu_type, dsl, key
+
+
+class ShapeSummary(BaseModel):
+    """The small projection of a shape that status views and benchmarks read (``croqq:summary``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: str
+    phase: str
+    dtype: str
+    current_iter: int
+    max_iter: int
+    best_tflops: float
+    baseline_tflops: float
+    gpu: str
+    error: str = ""
+
+
+class ShapeState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sid: str
+    gpu_type: str
+    dsl: str
+    key: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    mode: str
+    scenarios: list[str]
+    region: str
+    rank: int
+    loop: Loop
+    gpu_uuid: str | None = None
+    step_id: str | None = None
+    step_seq: int = 0
+    needs_rebase: bool = False
+    error: str = ""
+    iter_t0: float = Field(default_factory=time.time)
+    iter_exec_s: float = 0.0
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(dtype=self.dtype, m=self.m, n=self.n, k=self.k)
+
+    @property
+    def status(self) -> str:
+        if self.error:
+            return ERROR
+        if self.loop.phase == Phase.DONE:
+            return DONE
+        return ACTIVE if self.gpu_uuid else PENDING
+
+    def summary_json(self) -> str:
+        loop = self.loop
+        return ShapeSummary(
+            status=self.status, phase=loop.phase, dtype=self.dtype, current_iter=loop.current_iter,
+            max_iter=loop.max_iter, best_tflops=round(loop.best_tflops, 3),
+            baseline_tflops=round(loop.baseline_tflops, 3), gpu=self.gpu_uuid or "", error=self.error[:200],
+        ).model_dump_json()
+
+    def pending_score(self) -> float:
+        """Resumed shapes (anything past INIT) go before new ones; then schedule rank."""
+        resumed = self.loop.phase != Phase.INIT or self.loop.current_iter >= 0
+        return self.rank - (RESUME_BOOST if resumed else 0.0)

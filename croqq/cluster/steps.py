@@ -1,0 +1,96 @@
+"""Running one step message: validate, claim, keep the lease alive, execute, complete (or give back).
+
+Outcomes (returned, and logged with shape, step and GPU): done, rejected (bad payload), missing/stale/
+running/done/dropped (a duplicate or stale message, dropped), requeued (retryable fault), quarantined
+(the GPU failed its health check), failed (terminal fault: the shape is parked as 'error').
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from croqq.cluster import keys
+from croqq.cluster.executors import EXECUTORS
+from croqq.cluster.messages import StepMessage, parse
+from croqq.cluster.queues import STEP_TASK
+from croqq.cluster.runtime import Runtime
+from croqq.errors import (
+    GpuLeaseLostError,
+    GpuUnavailableError,
+    InvalidRecordError,
+    RetryableError,
+    StaleStepError,
+    TerminalError,
+)
+
+log = logging.getLogger(__name__)
+
+
+def wait_barrier(rt: Runtime, name: str, step_id: str) -> None:
+    """Test hook: while ``croqq:barrier:<name>`` exists, report arrival and block (chaos tests kill us here)."""
+    if not rt.settings.test_barriers or not rt.client.exists(keys.barrier(name)):
+        return
+    import os
+    import socket
+
+    rt.client.set(keys.barrier(f"{name}:reached"), f"{socket.gethostname()}:{os.getpid()}:{step_id}")
+    while rt.client.exists(keys.barrier(name)):
+        time.sleep(0.02)
+
+
+def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
+    try:
+        msg = parse(StepMessage, payload)
+        if STEP_TASK[msg.kind] != task_name:
+            raise InvalidRecordError(f"StepMessage: kind {msg.kind!r} does not belong to task {task_name}")
+    except InvalidRecordError as exc:
+        rt.client.hincrby(keys.STATS, "rejected", 1)
+        log.error("rejected message: %s", exc)
+        return "rejected"
+    status = rt.ledger.claim(msg.step_id, msg.epoch, rt.owner)
+    if status != "ok":
+        log.info("dropping %s %s epoch %d: step is %s", msg.kind, msg.step_id, msg.epoch, status)
+        return status
+    beat = f"step:{msg.step_id}"
+    rt.heartbeat.add(beat, lambda: rt.ledger.heartbeat(msg.step_id, rt.owner))
+    try:
+        return _execute(rt, msg)
+    finally:
+        rt.heartbeat.remove(beat)
+
+
+def _execute(rt: Runtime, msg: StepMessage) -> str:
+    try:
+        wait_barrier(rt, msg.kind, msg.step_id)
+        state = rt.ledger.load_shape(msg.sid)
+        if state is None or state.step_id != msg.step_id:
+            raise StaleStepError(f"{msg.sid} no longer waits for {msg.step_id}")
+        event = EXECUTORS[msg.kind](rt, state, msg)
+        wait_barrier(rt, f"{msg.kind}:complete", msg.step_id)
+        after = rt.ledger.complete(msg.step_id, msg.epoch, rt.owner, event)
+        log.info("%s %s done -> %s", state.key, msg.kind, after.loop.phase)
+        return "done"
+    except StaleStepError as exc:
+        log.warning("%s: %s", msg.step_id, exc)
+        return "stale"
+    except GpuLeaseLostError as exc:
+        rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner)
+        return "requeued"
+    except GpuUnavailableError as exc:
+        rt.coordinator.quarantine(rt.gpu.uuid, str(exc))
+        return "quarantined"
+    except RetryableError as exc:
+        log.warning("%s %s: retryable fault: %s", msg.kind, msg.step_id, exc)
+        rt.ledger.fail(msg.step_id, rt.owner, str(exc), terminal=False, max_failures=rt.settings.max_step_failures)
+        return "requeued"
+    except TerminalError as exc:
+        log.error("%s %s: %s", msg.kind, msg.step_id, exc)
+        rt.ledger.fail(msg.step_id, rt.owner, str(exc), terminal=True, max_failures=1)
+        return "failed"
+    except Exception as exc:
+        log.exception("%s %s crashed", msg.kind, msg.step_id)
+        rt.ledger.fail(msg.step_id, rt.owner, f"{type(exc).__name__}: {exc}", terminal=False,
+                       max_failures=rt.settings.max_step_failures)
+        return "requeued"

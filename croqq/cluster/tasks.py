@@ -1,0 +1,111 @@
+"""Celery task definitions: thin wrappers that validate the payload and call into croqq's modules."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from croqq.cluster import housekeeping, queues, registry
+from croqq.cluster.app import app
+from croqq.cluster.messages import FillMessage, SubmitMessage, parse
+from croqq.cluster.runtime import get_runtime
+from croqq.cluster.steps import run_step
+from croqq.errors import InvalidRecordError, RetryableError
+from croqq.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+
+@app.task(name=queues.TASK_GPU)
+def gpu_step(payload: Any) -> str:
+    return run_step(get_runtime(), payload, queues.TASK_GPU)
+
+
+@app.task(name=queues.TASK_BUILD)
+def build_step(payload: Any) -> str:
+    return run_step(get_runtime(), payload, queues.TASK_BUILD)
+
+
+@app.task(name=queues.TASK_IDEATE, rate_limit=get_settings().ideate_rate_limit or None)
+def ideate_step(payload: Any) -> str:
+    return run_step(get_runtime(), payload, queues.TASK_IDEATE)
+
+
+@app.task(name=queues.TASK_STORE)
+def store_step(payload: Any) -> str:
+    return run_step(get_runtime(), payload, queues.TASK_STORE)
+
+
+@app.task(name=queues.TASK_SUBMIT)
+def submit(payload: Any) -> int:
+    try:
+        msg = parse(SubmitMessage, payload)
+    except InvalidRecordError as exc:
+        log.error("rejected message: %s", exc)
+        return 0
+    return len(get_runtime().coordinator.submit(msg).sids)
+
+
+@app.task(name=queues.TASK_FILL)
+def fill(payload: Any) -> int:
+    try:
+        msg = parse(FillMessage, payload or {})
+    except InvalidRecordError as exc:
+        log.error("rejected message: %s", exc)
+        return 0
+    coord = get_runtime().coordinator
+    return coord.fill(msg.gpu_uuid) if msg.gpu_uuid else coord.fill_all()
+
+
+@app.task(name=queues.TASK_RECONCILE)
+def reconcile() -> dict[str, int]:
+    return housekeeping.reconcile(get_runtime())
+
+
+@app.task(name=queues.TASK_SUMMARY)
+def summary() -> int:
+    """Refresh every run's compaction-summary.md (the writer's queue, so only the writer writes)."""
+    from croqq.store.load import list_runs
+
+    writer = get_runtime().writer
+    runs = list_runs(writer.repo)
+    return sum(1 for gpu, dsl in runs if writer.refresh_summary(gpu, dsl))
+
+
+@app.task(name=queues.TASK_FLUSH)
+def flush() -> bool:
+    """Bring the results repo's index up to date and push to the remote when one is set and a push is due."""
+    rt = get_runtime()
+    repo = rt.writer.repo
+    repo.sync_index()
+    remote = rt.settings.results_remote
+    if not remote or time.monotonic() - _last_push["t"] < rt.settings.push_every_s:
+        return False
+    try:
+        repo.push(remote)
+    except RetryableError as exc:
+        log.warning("push to %s failed (will retry): %s", remote, exc)
+        return False
+    _last_push["t"] = time.monotonic()
+    return True
+
+
+_last_push = {"t": float("-inf")}
+
+
+@app.task(name=queues.TASK_GPU_RECHECK)
+def gpu_recheck(payload: Any) -> bool:
+    """Health sweep for a quarantined GPU: back in service when the probe finds it healthy."""
+    rt = get_runtime()
+    uuid = rt.gpu.uuid
+    if not isinstance(payload, dict) or payload.get("gpu_uuid") != uuid:
+        log.error("rejected message: recheck payload %r is not for GPU %s", payload, uuid)
+        return False
+    health = rt.probe.health(uuid)
+    if not health.ok:
+        log.info("GPU %s still unhealthy: %s", uuid, "; ".join(health.problems))
+        return False
+    registry.set_status(rt.client, uuid, registry.HEALTHY)
+    rt.coordinator.fill(uuid)
+    return True

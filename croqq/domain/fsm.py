@@ -1,0 +1,276 @@
+"""The per-shape tuning loop as a pure finite state machine: ``transition(loop, event) -> loop``.
+
+    INIT -> BASELINE -> STORE -> [PROFILE] -> IDEATE -> IMPLEMENT -> MEASURE -> DECIDE -> STORE -> ... -> DONE
+                                                           |  compile failure
+                                                           +-> STORE(attempt) -> IDEATE   (no iteration id used)
+
+- PROFILE runs before iteration 1, every ``profile_every`` iterations, after a KEEP and at 3 consecutive
+  non-KEEPs (a stall).
+- Consecutive non-KEEPs are a strategy signal, never a stop: 5 escalates the proposer, 10 goes radical.
+- A shape is DONE only when ``current_iter >= max_iter``.
+- An event that the current phase does not accept raises :class:`IllegalTransitionError`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from croqq.domain.decide import BASELINE, KEEP, counted_tflops, decide
+from croqq.domain.records import BuildOutcome, Idea, MeasureResult, Measurement, Profile, Strategy
+from croqq.errors import IllegalTransitionError
+
+STALL_PROFILE = 3
+STALL_ESCALATE = 5
+STALL_RADICAL = 10
+
+
+class Phase(StrEnum):
+    INIT = "INIT"
+    BASELINE = "BASELINE"
+    PROFILE = "PROFILE"
+    IDEATE = "IDEATE"
+    IMPLEMENT = "IMPLEMENT"
+    MEASURE = "MEASURE"
+    DECIDE = "DECIDE"
+    STORE = "STORE"
+    DONE = "DONE"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Start(_Event):
+    type: Literal["start"] = "start"
+
+
+class BaselineMeasured(_Event):
+    type: Literal["baseline_measured"] = "baseline_measured"
+    knobs: dict[str, int]
+    measurement: Measurement
+    vendor_tflops: float | None = None
+    run_command: str = ""
+
+
+class Profiled(_Event):
+    type: Literal["profiled"] = "profiled"
+    profile: Profile
+
+
+class Proposed(_Event):
+    type: Literal["proposed"] = "proposed"
+    idea: Idea
+
+
+class Built(_Event):
+    type: Literal["built"] = "built"
+    build: BuildOutcome
+    run_command: str = ""
+
+
+class Measured(_Event):
+    type: Literal["measured"] = "measured"
+    result: MeasureResult
+
+
+class Decided(_Event):
+    type: Literal["decided"] = "decided"
+    decision: str
+
+
+class Stored(_Event):
+    type: Literal["stored"] = "stored"
+    iteration: int | None = Field(None, description="The stored iteration id; None for a compile-failed attempt.")
+
+
+class Reopen(_Event):
+    type: Literal["reopen"] = "reopen"
+    max_iter: int = Field(gt=0)
+
+
+Event = Annotated[
+    Start | BaselineMeasured | Profiled | Proposed | Built | Measured | Decided | Stored | Reopen,
+    Field(discriminator="type"),
+]
+
+
+class Pending(BaseModel):
+    """The iteration (or attempt) under construction, from IDEATE (or BASELINE) to STORE."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    iteration: int | None = None
+    idea: Idea | None = None
+    build: BuildOutcome | None = None
+    measure: MeasureResult | None = None
+    decision: str | None = None
+    tflops: float = 0.0
+    best_before: float = 0.0
+    run_command: str = ""
+    attempt_no: int | None = None
+
+
+class Loop(BaseModel):
+    """A shape's persisted loop state; everything transitions need and nothing else."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Phase = Phase.INIT
+    max_iter: int = Field(gt=0)
+    profile_every: int = Field(10, ge=1)
+    noise_margin: float = Field(0.015, ge=0)
+    current_iter: int = -1
+    best_iter: int = -1
+    best_tflops: float = 0.0
+    baseline_tflops: float = 0.0
+    vendor_tflops: float | None = None
+    best_knobs: dict[str, int] = {}
+    best_tag: str = ""
+    seed_knobs: dict[str, int] = {}
+    consecutive_discards: int = 0
+    attempts: int = 0
+    profile_due: bool = False
+    last_profile: Profile | None = None
+    profile_fresh: bool = False
+    pending: Pending | None = None
+    keeps: int = 0
+    fails: int = 0
+
+    @property
+    def strategy(self) -> Strategy:
+        if self.consecutive_discards >= STALL_RADICAL:
+            return "radical"
+        if self.consecutive_discards >= STALL_ESCALATE:
+            return "escalate"
+        return "refine"
+
+    @property
+    def complete(self) -> bool:
+        return self.current_iter >= self.max_iter
+
+
+def _illegal(loop: Loop, event: _Event) -> IllegalTransitionError:
+    return IllegalTransitionError(f"event {getattr(event, 'type', event)!r} is not accepted in phase {loop.phase}")
+
+
+def _profile_due_after(loop: Loop, decision: str) -> bool:
+    nxt = loop.current_iter + 1
+    return (
+        nxt == 1
+        or nxt % loop.profile_every == 0
+        or decision == KEEP
+        or loop.consecutive_discards == STALL_PROFILE
+    )
+
+
+def _after_store(loop: Loop) -> Loop:
+    if loop.complete:
+        return loop.model_copy(update={"phase": Phase.DONE, "pending": None})
+    phase = Phase.PROFILE if loop.profile_due else Phase.IDEATE
+    return loop.model_copy(update={"phase": phase, "pending": None})
+
+
+def _baseline(loop: Loop, ev: BaselineMeasured) -> Loop:
+    ok = ev.measurement.outcome == "ok"
+    decision = BASELINE if ok else f"FAIL_{ev.measurement.outcome}"
+    tflops = ev.measurement.tflops if ok else 0.0
+    pending = Pending(
+        iteration=0,
+        measure=MeasureResult(candidate=ev.measurement, vendor_tflops=ev.vendor_tflops),
+        decision=decision,
+        tflops=tflops,
+        run_command=ev.run_command,
+    )
+    return loop.model_copy(
+        update={"phase": Phase.STORE, "pending": pending, "seed_knobs": ev.knobs, "vendor_tflops": ev.vendor_tflops}
+    )
+
+
+def _stored(loop: Loop, ev: Stored) -> Loop:
+    pending = loop.pending
+    if pending is None:
+        raise IllegalTransitionError("STORE finished but no iteration was pending")
+    if pending.attempt_no is not None:  # a compile failure: no iteration id consumed
+        if ev.iteration is not None:
+            raise IllegalTransitionError(f"an attempt was stored as iteration {ev.iteration}")
+        return loop.model_copy(update={"phase": Phase.IDEATE, "pending": None, "attempts": pending.attempt_no})
+    if ev.iteration != pending.iteration:
+        raise IllegalTransitionError(f"stored iteration {ev.iteration} but iteration {pending.iteration} was pending")
+    if pending.iteration == 0:
+        updated = loop.model_copy(
+            update={
+                "current_iter": 0,
+                "best_iter": 0,
+                "best_tflops": pending.tflops,
+                "baseline_tflops": pending.tflops,
+                "best_knobs": loop.seed_knobs,
+                "best_tag": "baseline",
+                "profile_due": True,
+            }
+        )
+        return _after_store(updated)
+    decision = pending.decision or ""
+    keep = decision == KEEP
+    idea = pending.idea
+    update: dict[str, object] = {
+        "current_iter": pending.iteration,
+        "profile_fresh": False,
+        "consecutive_discards": 0 if keep else loop.consecutive_discards + 1,
+        "keeps": loop.keeps + int(keep),
+        "fails": loop.fails + int(decision.startswith("FAIL_")),
+    }
+    if keep and idea is not None:
+        update |= {"best_iter": pending.iteration, "best_tflops": pending.tflops, "best_knobs": idea.knobs,
+                   "best_tag": idea.tag}
+    elif pending.measure is not None and pending.measure.rebased_best_tflops is not None:
+        update["best_tflops"] = pending.measure.rebased_best_tflops
+    updated = loop.model_copy(update=update)
+    return _after_store(updated.model_copy(update={"profile_due": _profile_due_after(updated, decision)}))
+
+
+def transition(loop: Loop, event: _Event) -> Loop:
+    """Apply one event; raise IllegalTransitionError if the phase does not accept it."""
+    phase = loop.phase
+    if isinstance(event, Start) and phase == Phase.INIT:
+        return loop.model_copy(update={"phase": Phase.BASELINE})
+    if isinstance(event, BaselineMeasured) and phase == Phase.BASELINE:
+        return _baseline(loop, event)
+    if isinstance(event, Profiled) and phase == Phase.PROFILE:
+        return loop.model_copy(
+            update={"phase": Phase.IDEATE, "profile_due": False, "last_profile": event.profile, "profile_fresh": True}
+        )
+    if isinstance(event, Proposed) and phase == Phase.IDEATE:
+        return loop.model_copy(update={"phase": Phase.IMPLEMENT, "pending": Pending(idea=event.idea)})
+    if isinstance(event, Built) and phase == Phase.IMPLEMENT and loop.pending is not None:
+        if event.build.ok:
+            built = loop.pending.model_copy(update={"build": event.build, "run_command": event.run_command})
+            return loop.model_copy(update={"phase": Phase.MEASURE, "pending": built})
+        attempt = loop.pending.model_copy(update={"build": event.build, "attempt_no": loop.attempts + 1})
+        return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})
+    if isinstance(event, Measured) and phase == Phase.MEASURE and loop.pending is not None:
+        best = event.result.rebased_best_tflops if event.result.rebased_best_tflops is not None else loop.best_tflops
+        pending = loop.pending.model_copy(
+            update={"measure": event.result, "tflops": counted_tflops(event.result), "best_before": best}
+        )
+        return loop.model_copy(update={"phase": Phase.DECIDE, "pending": pending})
+    if isinstance(event, Decided) and phase == Phase.DECIDE and loop.pending is not None:
+        pending = loop.pending.model_copy(update={"decision": event.decision, "iteration": loop.current_iter + 1})
+        return loop.model_copy(update={"phase": Phase.STORE, "pending": pending})
+    if isinstance(event, Stored) and phase == Phase.STORE:
+        return _stored(loop, event)
+    if isinstance(event, Reopen) and phase == Phase.DONE:
+        if event.max_iter <= loop.current_iter:
+            raise IllegalTransitionError(f"reopen needs max_iter > {loop.current_iter}, got {event.max_iter}")
+        return loop.model_copy(update={"phase": Phase.PROFILE, "max_iter": event.max_iter, "profile_due": False})
+    raise _illegal(loop, event)
+
+
+def decide_event(loop: Loop) -> Decided:
+    """DECIDE is computed, not dispatched: the decision for the pending measurement."""
+    pending = loop.pending
+    if loop.phase != Phase.DECIDE or pending is None or pending.measure is None:
+        raise IllegalTransitionError(f"nothing to decide in phase {loop.phase}")
+    return Decided(decision=decide(pending.measure, pending.best_before, loop.noise_margin))

@@ -1,0 +1,164 @@
+"""``kernels/manifest.json`` loaded into validated models (unknown fields are refused)."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from croqq.errors import ConfigError
+
+Dim = int | str  # a literal size or the name of one of the scenario's variables
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Constraints(_Strict):
+    min_m: int = Field(gt=0)
+    min_n: int = Field(gt=0)
+    min_k: int = Field(gt=0)
+
+
+class Region(_Strict):
+    m: tuple[int, int]
+    n: tuple[int, int]
+    k: tuple[int, int]
+
+
+class Mode(_Strict):
+    max_iter: int = Field(gt=0)
+    seed: Literal["reference", "naive"]
+
+
+class DtypeSpec(_Strict):
+    family: str
+    atol: float = Field(gt=0)
+    rtol: float = Field(gt=0)
+    a_bytes: int = Field(gt=0)
+    c_bytes: int = Field(gt=0)
+
+
+class Scenario(_Strict):
+    vars: dict[str, list[int]]
+    shapes: list[tuple[Dim, Dim, Dim]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _vars_used(self) -> Scenario:
+        for pattern in self.shapes:
+            for dim in pattern:
+                if isinstance(dim, str) and dim not in self.vars:
+                    raise ValueError(f"shape pattern {list(pattern)} uses undefined variable {dim!r}")
+        return self
+
+
+class GpuSpec(_Strict):
+    peak_tflops: dict[str, float]
+    mem_gbps: float = Field(gt=0)
+    l2_mib: float = Field(gt=0)
+
+
+class KernelSpec(_Strict):
+    source: str
+    reference: dict[str, int]
+    naive: dict[str, int]
+
+
+class BuildSpec(_Strict):
+    compiler: str
+    arch: str
+    flags: list[str]
+    dtype_flags: dict[str, list[str]]
+    include_dirs: list[str]
+    libs: list[str]
+
+
+class DslSpec(_Strict):
+    ext: str
+    knobs: dict[str, list[int]]
+    kernels: dict[str, KernelSpec]
+    build: BuildSpec
+
+    @model_validator(mode="after")
+    def _seeds_in_space(self) -> DslSpec:
+        for dtype, kernel in self.kernels.items():
+            for seed_name in ("reference", "naive"):
+                seed = getattr(kernel, seed_name)
+                if set(seed) != set(self.knobs):
+                    raise ValueError(f"{dtype} {seed_name} kernel must set exactly the knobs {sorted(self.knobs)}")
+                for knob, value in seed.items():
+                    if value not in self.knobs[knob]:
+                        raise ValueError(f"{dtype} {seed_name} kernel: {knob}={value} is not one of {self.knobs[knob]}")
+        return self
+
+
+REQUIRED_SCENARIOS = ("square", "sweep_m", "sweep_n", "sweep_k", "sweep_mn", "sweep_mk", "sweep_nk")
+
+
+class Manifest(_Strict):
+    schema_version: Literal[1]
+    reference_shape: tuple[int, int, int]
+    constraints: Constraints
+    near_region: Region
+    modes: dict[str, Mode]
+    dtypes: dict[str, DtypeSpec]
+    scenarios: dict[str, Scenario]
+    gpus: dict[str, GpuSpec]
+    dsls: dict[str, DslSpec]
+
+    @model_validator(mode="after")
+    def _complete(self) -> Manifest:
+        missing = [name for name in REQUIRED_SCENARIOS if name not in self.scenarios]
+        if missing:
+            raise ValueError(f"missing scenario(s) {', '.join(missing)}")
+        for dsl, spec in self.dsls.items():
+            unknown = sorted(set(spec.kernels) - set(self.dtypes))
+            if unknown:
+                raise ValueError(f"dsl {dsl!r} has kernels for unknown dtype(s) {unknown}")
+        for gpu, gspec in self.gpus.items():
+            absent = sorted(set(self.dtypes) - set(gspec.peak_tflops))
+            if absent:
+                raise ValueError(f"gpu {gpu!r} has no peak_tflops for dtype(s) {absent}")
+        return self
+
+    def dsl(self, name: str) -> DslSpec:
+        if name not in self.dsls:
+            raise ConfigError(f"unknown dsl {name!r}; the manifest defines {', '.join(sorted(self.dsls))}")
+        return self.dsls[name]
+
+    def gpu(self, name: str) -> GpuSpec:
+        if name not in self.gpus:
+            raise ConfigError(
+                f"GPU type {name!r} has no entry in the manifest's 'gpus' (peak TFLOPS); add one to kernels/manifest.json"
+            )
+        return self.gpus[name]
+
+    def mode(self, name: str) -> Mode:
+        if name not in self.modes:
+            raise ConfigError(f"unknown mode {name!r}; use one of {', '.join(sorted(self.modes))}")
+        return self.modes[name]
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate a manifest; any problem becomes one ConfigError line naming the file."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: manifest not found (set CROQQ_MANIFEST)") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise ConfigError(f"{path}: {where}: {err['msg']}") from exc
+
+
+@lru_cache(maxsize=4)
+def cached_manifest(path: str) -> Manifest:
+    return load_manifest(Path(path))

@@ -1,0 +1,45 @@
+"""One rooted error tree.
+
+Infrastructure faults raise; a failing *candidate* (compile error, wrong answer, crash, hang) is data,
+recorded as an outcome, never an exception. The subclass says whether trying again can help.
+"""
+
+
+class CroqqError(Exception):
+    """Root of every error croqq raises on purpose."""
+
+
+class RetryableError(CroqqError):
+    """A transient infrastructure fault: the same step may succeed if run again (elsewhere)."""
+
+
+class TerminalError(CroqqError):
+    """Retrying cannot help: bad input, bad configuration, a broken invariant."""
+
+
+class ConfigError(TerminalError):
+    """A setting, manifest or command-line argument is wrong; the message says how to fix it."""
+
+
+class InvalidRecordError(TerminalError):
+    """A file in the results repo or a message payload does not match its schema."""
+
+
+class IllegalTransitionError(TerminalError):
+    """The shape FSM received an event that its current state does not accept."""
+
+
+class LeaseHeldError(TerminalError):
+    """A singleton (the writer, beat, a GPU) is already held by another live process."""
+
+
+class StaleStepError(CroqqError):
+    """A step message or result belongs to an older epoch or an already finished step; drop it."""
+
+
+class GpuUnavailableError(RetryableError):
+    """The GPU failed its health check or its lease was lost; the step must run elsewhere or later."""
+
+
+class GpuLeaseLostError(RetryableError):
+    """This worker no longer holds its GPU's lease; the step must go back to the queue untouched."""

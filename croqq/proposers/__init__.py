@@ -1,0 +1,20 @@
+"""Proposers: where ideas come from (a search strategy, or an external LLM agent command)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from croqq.domain.manifest import Manifest
+    from croqq.proposers._base import Proposer
+    from croqq.settings import Settings
+
+
+def make_proposer(settings: Settings, manifest: Manifest) -> Proposer:
+    if settings.proposer == "command":
+        from croqq.proposers.command import CommandProposer
+
+        return CommandProposer(manifest, settings)
+    from croqq.proposers.search import SearchProposer
+
+    return SearchProposer(manifest, settings)

@@ -1,0 +1,106 @@
+"""All settings: one pydantic-settings model, environment prefix ``CROQQ_``.
+
+Defaults work on a laptop: simulated GPUs when NVML finds none, a results repo under ``.croqq/``,
+an embedded Redis started by ``croqq up`` when no broker URL is configured.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from croqq.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CROQQ_", extra="forbid", validate_default=True)
+
+    # -- broker / state ---------------------------------------------------------------------------
+    broker_url: str = Field(
+        "",
+        description="redis://, rediss:// or unix:// URL of the Redis that is broker and live state. "
+        "Empty: the local run folder's embedded Redis (started by `croqq up`).",
+    )
+    redis_password: SecretStr | None = Field(None, description="Password, if not inside broker_url.")
+    redis_ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
+    run_dir: Path = Field(Path(".croqq"), description="Local folder for the embedded Redis, pids and logs.")
+
+    # -- results repo -----------------------------------------------------------------------------
+    results_repo: Path = Field(Path(".croqq/results"), description="Git repo the writer commits into.")
+    results_branch: str = "main"
+    results_remote: str = Field("", description="Remote URL or name to push to; empty: no push.")
+    push_every_s: float = Field(30.0, ge=0, description="Push at most this often (0: after each commit).")
+    sync_worktree: bool = Field(
+        True, description="Also write files into the results repo's working tree and index (non-bare repos)."
+    )
+    manifest: Path = Field(PROJECT_ROOT / "kernels" / "manifest.json")
+
+    # -- backends ---------------------------------------------------------------------------------
+    backend: Literal["sim", "cuda"] = "sim"
+    probe: Literal["auto", "nvml", "sim"] = "auto"
+    sim_gpus: int = Field(8, ge=1, le=64, description="Simulated GPUs per host when NVML finds none.")
+    sim_gpu_type: str = "sm90_Simulated_H100_SXM"
+    time_scale: float = Field(0.0, ge=0, description="Multiplier on simulated step durations (0: instant).")
+    sim_ideate_s: float = 60.0
+    sim_implement_s: float = 20.0
+    sim_measure_s: float = 10.0
+    sim_profile_s: float = 15.0
+    proposer: Literal["search", "command"] = "search"
+    proposer_command: str = Field("", description="External agent command for proposer=command (JSON on stdin/out).")
+    dsl: str = "cuda"
+
+    # -- scheduling -------------------------------------------------------------------------------
+    pipeline_depth: int = Field(4, ge=1, le=64, description="Active shapes per GPU.")
+    profile_every: int = Field(10, ge=1, description="PROFILE every N iterations (plus iter 1, KEEPs, stalls).")
+    noise_margin: float = Field(0.015, ge=0, lt=1, description="Relative win needed before a KEEP is confirmed.")
+    ideate_rate_limit: str = Field("", description="Celery rate limit for the ideate task, e.g. '30/m'.")
+    ideate_concurrency: int = Field(8, ge=1)
+    build_concurrency: int = Field(2, ge=1)
+
+    # -- leases and timeouts (seconds) ------------------------------------------------------------
+    lease_ttl_s: float = Field(10.0, gt=0, description="Step, GPU and singleton lease TTL.")
+    reconcile_every_s: float = Field(1.0, gt=0)
+    queue_resend_s: float = Field(600.0, gt=0, description="Safety net: re-publish a step queued this long.")
+    queue_wait_s: float = Field(3600.0, gt=0, description="Give up waiting for a free GPU after this long.")
+    compile_timeout_s: float = 300.0
+    run_timeout_s: float = 120.0
+    agent_timeout_s: float = 1800.0
+    health_wait_s: float = Field(30.0, ge=0, description="Wait this long for an unhealthy GPU before quarantine.")
+    gpu_offline_s: float = Field(60.0, gt=0, description="A GPU whose worker is gone this long releases its shapes.")
+    recheck_every_s: float = Field(30.0, gt=0, description="Re-probe quarantined GPUs this often.")
+    max_step_failures: int = Field(3, ge=1, description="Unexpected errors before a shape is parked as 'error'.")
+    task_events: bool = Field(False, description="Workers send task events (for Flower).")
+    test_barriers: bool = Field(False, description="Steps block on croqq:barrier:<kind> keys (chaos tests).")
+
+    # -- GPU health thresholds ----------------------------------------------------------------------
+    max_temp_c: int = 85
+    max_idle_util_pct: int = 10
+    max_idle_mem_mib: int = 2048
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.proposer == "command" and not self.proposer_command.strip():
+            raise ConfigError("CROQQ_PROPOSER=command needs CROQQ_PROPOSER_COMMAND (the agent command to run)")
+        if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(
+                f"CROQQ_BROKER_URL={self.broker_url!r} is not a Redis URL; use redis://host:6379/0 or unix:///path"
+            )
+        return self
+
+    def resolved_broker_url(self) -> str:
+        """The broker URL to use: the configured one, else the embedded Redis of the run folder."""
+        if self.broker_url:
+            return self.broker_url
+        return f"unix://{(self.run_dir / 'redis' / 'redis.sock').resolve()}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

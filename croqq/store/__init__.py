@@ -1,0 +1,1 @@
+"""The results repo: paths, schemas, the serialized writer, validation and cleaning."""

@@ -1,0 +1,500 @@
+"""The results repo through plumbing: append commits whose cost does not grow with the repo.
+
+Commit. The changed blobs and only the trees along the changed paths are built (cost: path depth times
+the fan-out of the changed folders, never the number of files in the repo), with the commit object, as
+ONE small pack (``croqq.store._objects``: one pack per commit instead of ~22 loose files, merged in the
+background as they pile up). Then the branch moves with compare-and-swap semantics (``update-ref <new>
+<old>``): if the ref no longer points at the tip this object last read (a foreign writer), the move is
+refused with :class:`RetryableError`. A process killed before the ref moves leaves only an unreferenced
+pack (``git gc`` drops it); the branch is untouched.
+
+Reads (:meth:`GitRepo.read`, :meth:`GitRepo.list_dir`, ...) come from the branch tip, never the working
+tree. Each read re-reads the ref (one small file), so a reader in another process sees new commits; the
+tip's folders are mirrored in memory (loaded once per folder, updated by this object's own commits) and
+recent blobs are kept, so the writer reads back the files it appends to without touching git objects.
+An object that libgit2 cannot find reopens the repository once (packs merged away under a handle).
+
+Working tree and index (``sync_worktree``, non-bare repos whose HEAD is the branch):
+
+- each changed file is written into the working tree right after the ref moves (temp file in the same
+  folder + ``os.replace``; ``*.croqq-tmp`` is listed in ``.git/info/exclude`` so a temp file left by a
+  kill never shows up as untracked);
+- the index entries of exactly those paths are updated with the blob ids already known and the files'
+  stat data (no re-hashing). libgit2 rewrites the whole index file on every write (about 10 ms at 25k
+  entries on this 2-core machine: more than a whole commit), so index updates are batched: queued, and
+  written when the last write is at least ``index_flush_s`` old (a writer committing less often than
+  that keeps ``git status`` clean after every commit), on :meth:`GitRepo.sync_index` and on
+  :meth:`GitRepo.close`. Tradeoff: during a burst, ``git status`` may show up to the last second's
+  commits as staged reversions until the next flush; the branch, the durable truth, is never behind.
+- on open, the index is compared with the tip (a few ms at 25k files) and every differing path is
+  rewritten in the working tree and the index: this repairs a process killed between the ref move and
+  the working-tree or index update (paths reach the index only after their working-tree write).
+
+Run ``git gc`` (or ``git maintenance``) from time to time: it packs everything into one pack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import pygit2
+
+from croqq.errors import ConfigError, InvalidRecordError, RetryableError
+from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, PackStack, Sink, Trees
+
+log = logging.getLogger(__name__)
+
+AUTHOR_NAME = "croqq writer"
+AUTHOR_EMAIL = "croqq@localhost"
+TMP_SUFFIX = ".croqq-tmp"
+PUSH_TIMEOUT_S = 120.0
+BLOB_CACHE_BYTES = 64 << 20
+Changes = dict[str, bytes | None]
+
+
+def blob_id_of(data: bytes) -> str:
+    """The id git gives a blob with these bytes (nothing is written)."""
+    return str(pygit2.hash(data))
+
+
+def check_path(path: str) -> list[str]:
+    """The path's components; refuse anything that is not a plain repo-relative path."""
+    parts = path.split("/")
+    bad = not path or path.startswith("/") or "\\" in path
+    if bad or any(p in ("", ".", "..", ".git") for p in parts):
+        raise InvalidRecordError(f"{path!r}: not a plain repo-relative path")
+    return parts
+
+
+def _nest(changes: Changes) -> Node:
+    root = Node()
+    for path, data in changes.items():
+        node = root
+        for part in check_path(path):
+            node = node.children.setdefault(part, Node())
+        node.data = data
+    return root
+
+
+def _index_add(index: pygit2.Index, path: str, oid: pygit2.Oid, full: Path) -> None:
+    """Add a known blob to the index with the file's stat data (what ``git status`` compares) without
+    hashing the file or touching the object database (``Index.add(path)`` does both). It fills libgit2's
+    entry through pygit2's cffi layer, as ``Index.add`` itself does; if that layer is not there, the
+    entry goes in without stat data (``git status`` then re-reads those files once)."""
+    entry = pygit2.IndexEntry(path, oid, pygit2.enums.FileMode.BLOB)
+    try:
+        from pygit2.errors import check_error
+        from pygit2.ffi import C
+
+        st = os.stat(full)
+        centry, keep = entry._to_c()
+        centry.ctime.seconds, centry.ctime.nanoseconds = divmod(st.st_ctime_ns, 1_000_000_000)
+        centry.mtime.seconds, centry.mtime.nanoseconds = divmod(st.st_mtime_ns, 1_000_000_000)
+        centry.dev, centry.ino = st.st_dev & 0xFFFFFFFF, st.st_ino & 0xFFFFFFFF
+        centry.uid, centry.gid, centry.file_size = st.st_uid, st.st_gid, st.st_size & 0xFFFFFFFF
+        check_error(C.git_index_add(index._index, centry))
+        del keep
+    except (ImportError, AttributeError, TypeError) as exc:
+        log.debug("index entry without stat data for %s (%s)", path, exc)
+        index.add(entry)
+
+
+def _commit_body(tree: pygit2.Oid, parent: pygit2.Oid | None, message: str) -> bytes:
+    """A commit object's body, authored and committed by the writer now (UTC)."""
+    stamp = f"{AUTHOR_NAME} <{AUTHOR_EMAIL}> {int(time.time())} +0000"
+    lines = [f"tree {tree}"] + ([f"parent {parent}"] if parent is not None else [])
+    lines += [f"author {stamp}", f"committer {stamp}", "", message]
+    return "\n".join(lines).encode()
+
+
+class GitRepo:
+    """One branch of a git repo: cached tip, path reads, plumbing commits with a CAS ref move."""
+
+    def __init__(
+        self,
+        path: Path,
+        branch: str = "main",
+        sync_worktree: bool = True,
+        *,
+        create: bool = True,
+        index_flush_s: float = 1.0,
+    ) -> None:
+        self.path = Path(path)
+        self.branch = branch
+        self.refname = f"refs/heads/{branch}"
+        self.index_flush_s = index_flush_s
+        self._repo = self._open(create)
+        self._tip: pygit2.Oid | None = None
+        self._trees = Trees(self._object, None)
+        self._packs = PackStack(Path(self._repo.path) / "objects" / "pack") if self._packable() else None
+        self._blobs: OrderedDict[pygit2.Oid, bytes] = OrderedDict()
+        self._blob_bytes = 0
+        self._pending: dict[str, tuple[str, pygit2.Oid | None]] = {}
+        self._made: set[str] = set()
+        self._last_flush = 0.0
+        self._closed = False
+        self._refresh()
+        if self._tip is None and create:
+            self._initial_commit()
+        self.sync_worktree = sync_worktree and self._worktree_follows_branch()
+        if self.sync_worktree:
+            self._index = pygit2.Index(str(Path(self._repo.path) / "index"))
+            self._exclude_tmp_files()
+            self._repair_worktree()
+
+    @classmethod
+    def open_existing(cls, path: Path, branch: str = "main") -> GitRepo:
+        """Open for reading only: never creates a repo or a commit, never touches the working tree."""
+        return cls(path, branch, sync_worktree=False, create=False)
+
+    # -- opening ------------------------------------------------------------------------------------
+
+    def _open(self, create: bool) -> pygit2.Repository:
+        try:  # NO_SEARCH: never pick up an enclosing repo (the results repo may live inside a project)
+            return pygit2.Repository(str(self.path), flags=pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+        except pygit2.GitError as exc:
+            if not create:
+                raise ConfigError(f"{self.path}: not a git repository (the writer creates it)") from exc
+        self.path.mkdir(parents=True, exist_ok=True)
+        log.info("initializing results repo %s (branch %s)", self.path, self.branch)
+        return pygit2.init_repository(str(self.path), bare=False, initial_head=self.branch)
+
+    def _packable(self) -> bool:
+        """One pack per commit (see ``croqq.store._objects``) for a plain SHA-1 object store; anything
+        else goes through libgit2's object database."""
+        try:
+            fmt = self._repo.config["extensions.objectformat"]
+        except KeyError:
+            fmt = "sha1"
+        return fmt == "sha1" and (Path(self._repo.path) / "objects" / "pack").is_dir()
+
+    def _sink(self) -> Sink:
+        return PackSink(self._packs.folder) if self._packs is not None else LibgitSink(self._repo)
+
+    def _reopen(self) -> None:
+        """A fresh libgit2 handle (after packs were merged away: forget the removed files)."""
+        self._repo.free()
+        self._repo = pygit2.Repository(str(self.path), flags=pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+
+    def _initial_commit(self) -> None:
+        empty = self._repo.TreeBuilder().write()
+        sig = self._signature()
+        oid = self._repo.create_commit(None, sig, sig, "croqq: initialize results repo\n", empty, [])
+        try:
+            self._repo.references.create(self.refname, oid, force=False)
+        except (pygit2.GitError, ValueError, OSError) as exc:
+            raise RetryableError(f"{self.path}: could not create branch {self.branch}: {exc}") from exc
+        self._refresh()
+
+    def _worktree_follows_branch(self) -> bool:
+        if self._repo.is_bare:
+            return False
+        head = self._repo.references.get("HEAD")
+        target = head.target if head is not None else None
+        if target != self.refname:
+            log.warning("%s: HEAD is %s, not %s; working tree left alone", self.path, target, self.refname)
+            return False
+        return True
+
+    def _exclude_tmp_files(self) -> None:
+        exclude = Path(self._repo.path) / "info" / "exclude"
+        pattern = f"*{TMP_SUFFIX}"
+        text = exclude.read_text() if exclude.exists() else ""
+        if pattern not in text.split("\n"):
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") + pattern + "\n")
+
+    # -- reading the tip ----------------------------------------------------------------------------
+
+    def _ref_target(self) -> pygit2.Oid | None:
+        ref = self._repo.references.get(self.refname)
+        if ref is None:
+            return None
+        return ref.resolve().target  # type: ignore[return-value]
+
+    def _refresh(self) -> None:
+        target = self._ref_target()
+        if target != self._tip:
+            self._tip = target
+            root = self._object(target).peel(pygit2.Commit).tree_id if target is not None else None
+            self._trees = Trees(self._object, root)
+
+    def _object(self, oid: pygit2.Oid) -> pygit2.Object:
+        """An object by id. A miss reopens the repository once and retries: the writer merges its packs
+        and deletes the merged ones, which a libgit2 handle that listed them earlier cannot follow."""
+        try:
+            return self._repo[oid]
+        except (KeyError, pygit2.GitError):
+            self._reopen()
+            return self._repo[oid]
+
+    def _entry(self, path: str) -> Entry | None:
+        self._refresh()
+        path = path.strip("/")
+        if not path:
+            return (TREE, self._trees.root) if self._trees.root is not None else None
+        return self._trees.lookup(path)
+
+    def _blob(self, oid: pygit2.Oid) -> bytes:
+        data = self._blobs.get(oid)
+        if data is None:
+            data = self._object(oid).peel(pygit2.Blob).data
+            self._remember(oid, data)
+        else:
+            self._blobs.move_to_end(oid)
+        return data
+
+    def _remember(self, oid: pygit2.Oid, data: bytes) -> None:
+        """Keep recently written or read blobs (the files the writer appends to are read back next time)."""
+        if oid in self._blobs or len(data) > BLOB_CACHE_BYTES // 8:
+            return
+        self._blobs[oid] = data
+        self._blob_bytes += len(data)
+        while self._blob_bytes > BLOB_CACHE_BYTES:
+            _, old = self._blobs.popitem(last=False)
+            self._blob_bytes -= len(old)
+
+    def head(self) -> str | None:
+        """The branch tip's commit id, None when the branch has no commit."""
+        self._refresh()
+        return str(self._tip) if self._tip is not None else None
+
+    def read(self, path: str) -> bytes | None:
+        """A file's bytes at the branch tip; None when missing (or a folder)."""
+        entry = self._entry(path)
+        return self._blob(entry[1]) if entry is not None and entry[0] != TREE else None
+
+    def blob_id(self, path: str) -> str | None:
+        """The blob id of a file at the tip (a cheap change detector for caches)."""
+        entry = self._entry(path)
+        return str(entry[1]) if entry is not None and entry[0] != TREE else None
+
+    def exists(self, path: str) -> bool:
+        return self._entry(path) is not None
+
+    def is_dir(self, path: str) -> bool:
+        entry = self._entry(path)
+        return entry is not None and entry[0] == TREE
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names in a folder at the tip, sorted; [] when it is missing or a file."""
+        if not self.is_dir(path):
+            return []
+        folder = self._trees.folder(path.strip("/"))
+        return sorted(folder.entries) if folder is not None else []
+
+    # -- committing ---------------------------------------------------------------------------------
+
+    def commit(self, changes: Changes, message: str) -> str:
+        """Commit ``changes`` (path -> bytes, or None to delete a file or a folder) on top of the tip.
+
+        Returns the new commit id (the unchanged tip when the changes change nothing). Raises
+        RetryableError when the branch moved since this object last read it (a foreign writer) or the
+        ref is locked; nothing is lost then but unreachable objects.
+        """
+        root = _nest(changes)
+        base = self._tip
+        current = self._ref_target()
+        if current != base:
+            self._refresh()
+            raise RetryableError(
+                f"{self.path}: branch {self.branch} moved from {base} to {current} under this writer "
+                "(another writer?); re-read and retry"
+            )
+        sink = self._sink()
+        staged = self._trees.stage(root, sink)
+        tree = staged.root or sink.add(b"tree", b"", 0)
+        if tree == self._trees.root:
+            return str(base)
+        text = message if message.endswith("\n") else message + "\n"
+        oid = sink.add(b"commit", _commit_body(tree, base, text))
+        pack = sink.flush()
+        self._move_ref(oid, base, text.split("\n", 1)[0])
+        folders = {p for p, d in changes.items() if d is None and (self._trees.lookup(p) or (0,))[0] == TREE}
+        self._tip = oid
+        self._trees.merge(staged, tree)
+        for blob, data in staged.blobs.items():
+            self._remember(blob, data)
+        entries = sink.entries if isinstance(sink, PackSink) else None
+        if pack is not None and self._packs is not None and self._packs.push(pack, entries):
+            self._reopen()
+        if self.sync_worktree:
+            self._sync_files(changes, folders)
+        return str(oid)
+
+    def _move_ref(self, new: pygit2.Oid, old: pygit2.Oid | None, subject: str) -> None:
+        """Compare-and-swap the branch from ``old`` to ``new`` (libgit2 checks the new commit exists: a
+        handle that has not noticed the commit's new pack yet is reopened once)."""
+        for attempt in (1, 2):
+            try:
+                if old is None:
+                    self._repo.references.create(self.refname, new, force=False)
+                else:
+                    ref = self._repo.lookup_reference(self.refname)
+                    if ref.target != old:
+                        raise RetryableError(f"{self.path}: {self.refname} is no longer at {old}")
+                    ref.set_target(new, f"commit: {subject}")
+                return
+            except (pygit2.GitError, ValueError, OSError) as exc:
+                if attempt == 1 and self._ref_target() == old and new not in self._repo.odb:
+                    self._reopen()
+                    continue
+                self._refresh()
+                raise RetryableError(f"{self.path}: could not move {self.refname} from {old}: {exc}") from exc
+            except RetryableError:
+                self._refresh()
+                raise
+
+    def _signature(self) -> pygit2.Signature:
+        return pygit2.Signature(AUTHOR_NAME, AUTHOR_EMAIL)
+
+    # -- working tree and index ---------------------------------------------------------------------
+
+    def _sync_files(self, changes: Changes, dirs: set[str]) -> None:
+        for path, data in changes.items():
+            if data is None:
+                self._delete_file(path)
+                self._queue(path, "rmdir" if path in dirs else "rm")
+            else:
+                self._write_file(path, data)
+                entry = self._trees.lookup(path)
+                self._queue(path, "add", entry[1] if entry is not None else None)
+        if time.monotonic() - self._last_flush >= self.index_flush_s:
+            self.sync_index()
+
+    def _queue(self, path: str, op: str, oid: pygit2.Oid | None = None) -> None:
+        if op == "rmdir":  # earlier ops inside a deleted folder are moot
+            inside = [p for p in self._pending if p.startswith(path + "/")]
+            for p in inside:
+                del self._pending[p]
+        self._pending.pop(path, None)  # re-insert at the end: the latest op on a path wins, in order
+        self._pending[path] = (op, oid)
+
+    def _write_file(self, path: str, data: bytes) -> None:
+        full = os.path.join(self.path, path)
+        folder, name = os.path.split(full)
+        if folder not in self._made:
+            os.makedirs(folder, exist_ok=True)
+            self._made.add(folder)
+        tmp = os.path.join(folder, f".{name}{TMP_SUFFIX}")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        try:
+            os.replace(tmp, full)
+        except IsADirectoryError:
+            shutil.rmtree(full)
+            os.replace(tmp, full)
+
+    def _delete_file(self, path: str) -> None:
+        self._made.clear()
+        full = self.path / path
+        if full.is_dir() and not full.is_symlink():
+            shutil.rmtree(full)
+        elif full.exists() or full.is_symlink():
+            full.unlink()
+        parent = full.parent
+        while parent != self.path and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+
+    def sync_index(self) -> None:
+        """Write the queued path updates into the index (one index write); a lock held by someone else
+        (a concurrent ``git status``) postpones it to the next flush."""
+        if not self.sync_worktree or not self._pending:
+            return
+        try:
+            self._index.read(force=False)
+            for path, (op, oid) in self._pending.items():
+                full = self.path / path
+                if op == "add" and oid is not None and full.is_file():
+                    _index_add(self._index, path, oid, full)
+                elif op == "rmdir":
+                    self._index.remove_directory(path)
+                else:
+                    with contextlib.suppress(OSError, KeyError):
+                        self._index.remove(path)
+            self._index.write()
+        except (pygit2.GitError, OSError) as exc:
+            log.warning("%s: index update postponed (%s)", self.path, exc)
+            return
+        self._pending.clear()
+        self._last_flush = time.monotonic()
+
+    def _repair_worktree(self) -> None:
+        """Bring the index and working tree to the tip for every path where the index differs from it."""
+        if self._trees.root is None:
+            return
+        index = self._repo.index
+        index.read(force=False)
+        diff = index.diff_to_tree(self._object(self._trees.root).peel(pygit2.Tree))
+        paths = sorted({p for d in diff.deltas for p in (d.old_file.path, d.new_file.path) if p})
+        for path in paths:
+            entry = self._entry(path)
+            if entry is None or entry[0] == TREE:
+                self._delete_file(path)
+                self._queue(path, "rm")
+            else:
+                self._write_file(path, self._blob(entry[1]))
+                self._queue(path, "add", entry[1])
+        if paths:
+            log.info("%s: brought %d path(s) of working tree and index up to the tip", self.path, len(paths))
+            self.sync_index()
+
+    # -- maintenance --------------------------------------------------------------------------------
+
+    def remove_stale_locks(self) -> list[str]:
+        """Delete ``*.lock`` files under .git that a killed process left behind (index.lock, the branch's
+        ref lock, HEAD.lock, packed-refs.lock, ...). Call it ONLY while holding the writer lease: a lock
+        file of a live git process must never be removed. Returns the removed paths (relative to .git)."""
+        gitdir = Path(self._repo.path)
+        removed = []
+        for dirpath, dirnames, filenames in os.walk(gitdir):
+            if Path(dirpath) == gitdir and "objects" in dirnames:
+                dirnames.remove("objects")
+            for name in filenames:
+                if name.endswith(".lock"):
+                    lock = Path(dirpath) / name
+                    lock.unlink(missing_ok=True)
+                    removed.append(lock.relative_to(gitdir).as_posix())
+        if removed:
+            log.warning("%s: removed stale lock file(s): %s", self.path, ", ".join(sorted(removed)))
+        return sorted(removed)
+
+    def push(self, remote: str) -> None:
+        """Push the branch to ``remote`` (a name or URL) with the git CLI; never forces."""
+        spec = f"{self.refname}:{self.refname}"
+        cmd = ["git", "-C", str(self.path), "push", "--quiet", remote, spec]
+        env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=PUSH_TIMEOUT_S, env=env, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RetryableError(f"git push {remote}: no answer after {PUSH_TIMEOUT_S:.0f}s") from exc
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            first = lines[0].strip() if lines else f"exit status {proc.returncode}"
+            raise RetryableError(f"git push {remote} failed: {first}")
+
+    def close(self) -> None:
+        """Flush the index, release libgit2's handles. The repo is then clean for git log/fsck/status."""
+        if self._closed:
+            return
+        self.sync_index()
+        if self._packs is not None:
+            self._packs.close()
+        self._repo.free()
+        self._closed = True
+
+    def __enter__(self) -> GitRepo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

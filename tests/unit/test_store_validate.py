@@ -1,0 +1,164 @@
+"""validate_repo: every broken record is named, as ``<path>: <reason>``, and a sound repo has none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from croqq.bench.samples import sample_requests
+from croqq.store import paths
+from croqq.store.gitrepo import GitRepo
+from croqq.store.validate import Problem, validate_repo
+from croqq.store.writer import ResultsWriter
+
+GPU, DSL = "sm90_NVIDIA_H200", "cuda"
+KEY, OTHER = "f16_4096x8192x8192", "e4m3_2048x2048x2048"
+RUN = paths.RunPaths(GPU, DSL)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> GitRepo:
+    """A run with two shapes: KEY complete (max_iter 4), OTHER active; attempts included."""
+    repo = GitRepo(tmp_path / "results")
+    writer = ResultsWriter(repo)
+    for req in sample_requests(GPU, DSL, [KEY], 5, 11, max_iter=4, attempt_rate=0.4):
+        writer.apply(req)
+    for req in sample_requests(GPU, DSL, [OTHER], 5, 12, max_iter=30, attempt_rate=0.4):
+        writer.apply(req)
+    return repo
+
+
+def edit(repo: GitRepo, changes: dict[str, bytes | None]) -> None:
+    repo.commit(changes, "corrupt on purpose")
+
+
+def text(repo: GitRepo, path: str) -> str:
+    return (repo.read(path) or b"").decode()
+
+
+def problems(repo: GitRepo, dsl: str | None = None) -> list[str]:
+    return [str(p) for p in validate_repo(repo.path, dsl)]
+
+
+def test_sound_repo_has_no_problems(repo: GitRepo) -> None:
+    assert problems(repo) == []
+
+
+def test_problem_reads_as_path_then_reason() -> None:
+    assert str(Problem("a/b.json", "bad JSON")) == "a/b.json: bad JSON"
+
+
+def test_validate_names_truncated_results_tsv(repo: GitRepo) -> None:
+    path = RUN.results_tsv(KEY)
+    edit(repo, {path: text(repo, path)[:-30].encode()})
+    found = problems(repo)
+    assert any(p.startswith(f"{path}: line 6: truncated") for p in found), found
+
+
+def test_validate_names_garbled_results_tsv_line(repo: GitRepo) -> None:
+    path = RUN.results_tsv(KEY)
+    lines = text(repo, path).splitlines(keepends=True)
+    lines[2] = lines[2].replace("\t", " ", 2)
+    edit(repo, {path: "".join(lines).encode()})
+    assert f"{path}: line 3: expected 8 tab-separated fields, found 6" in problems(repo)
+
+
+def test_validate_names_unknown_schema_version(repo: GitRepo) -> None:
+    path = RUN.checkpoint(KEY)
+    record = json.loads(text(repo, path)) | {"schema_version": 2}
+    edit(repo, {path: json.dumps(record).encode()})
+    assert f"{path}: unknown schema_version 2 (this croqq reads 1)" in problems(repo)
+
+
+def test_validate_names_bad_json(repo: GitRepo) -> None:
+    path = RUN.state_json
+    edit(repo, {path: b'{"gpu": '})
+    assert any(p.startswith(f"{path}: not valid JSON") for p in problems(repo))
+
+
+def test_validate_names_a_gap_in_iterations(repo: GitRepo) -> None:
+    path = RUN.rounds_raw(KEY)
+    lines = text(repo, path).splitlines(keepends=True)
+    edit(repo, {path: "".join(lines[:2] + lines[3:]).encode()})
+    assert f"{path}: iteration 002 is missing (found 003 in its place)" in problems(repo)
+
+
+def test_validate_names_a_checkpoint_that_disagrees_with_the_rows(repo: GitRepo) -> None:
+    path = RUN.checkpoint(OTHER)
+    record = json.loads(text(repo, path)) | {"current_iter": 2}
+    edit(repo, {path: json.dumps(record).encode()})
+    found = problems(repo)
+    assert any(p.startswith(f"{RUN.results_tsv(OTHER)}: holds 5 iteration(s)") for p in found), found
+    assert f"{RUN.state_json}: shapes.{OTHER}.current_iter is 4, the checkpoint says 2" in found
+
+
+def test_validate_names_absolute_include(repo: GitRepo) -> None:
+    path = RUN.src(KEY, 0, "baseline", "cu")
+    edit(repo, {path: (text(repo, path) + '#include "/usr/local/secret.h"\n').encode()})
+    found = problems(repo)
+    assert any(p.startswith(path) and "is absolute" in p and "/usr/local/secret.h" in p for p in found), found
+
+
+def test_validate_names_include_that_escapes_the_repo(repo: GitRepo) -> None:
+    path = RUN.src(KEY, 1, "x", "cu")
+    edit(repo, {path: b'#include <cuda_fp16.h>\n#include "../../../../../../../etc/passwd"\n'})
+    assert f'{path}: line 2: #include "../../../../../../../etc/passwd" escapes the repo' in problems(repo)
+
+
+def test_validate_names_best_kernel_outside_repo(repo: GitRepo) -> None:
+    path = RUN.checkpoint(OTHER)
+    record = json.loads(text(repo, path)) | {"best_kernel": "../outside/best.cu"}
+    edit(repo, {path: json.dumps(record).encode()})
+    assert f"{path}: best_kernel '../outside/best.cu' is outside the repo" in problems(repo)
+
+
+def test_validate_names_a_missing_best_kernel(repo: GitRepo) -> None:
+    ckpt = json.loads(text(repo, RUN.checkpoint(OTHER)))
+    edit(repo, {ckpt["best_kernel"]: None})
+    found = problems(repo)
+    assert f"{RUN.checkpoint(OTHER)}: best_kernel '{ckpt['best_kernel']}' does not exist" in found
+
+
+def test_validate_names_state_entry_without_checkpoint(repo: GitRepo) -> None:
+    edit(repo, {RUN.checkpoint(OTHER): None})
+    assert f"{RUN.state_json}: shapes.{OTHER}: state entry without checkpoint" in problems(repo)
+
+
+def test_validate_names_attempt_record_with_iteration_id(repo: GitRepo) -> None:
+    path = RUN.attempts(OTHER)
+    lines = text(repo, path).splitlines()
+    record = json.loads(lines[0]) | {"iteration": 3}
+    edit(repo, {path: ("\n".join([json.dumps(record), *lines[1:]]) + "\n").encode()})
+    assert f"{path}: line 1: an attempt record has an iteration id (3)" in problems(repo)
+
+
+def test_validate_names_complete_shape_without_registry_file(repo: GitRepo) -> None:
+    edit(repo, {paths.best_kernel("gemm", "f16", KEY, "cu"): None})
+    wanted = f"kernels/<family>_f16/{KEY}_best.cu"
+    assert f"{RUN.checkpoint(KEY)}: complete, but {wanted} is missing" in problems(repo)
+
+
+def test_validate_names_registry_include_outside_repo(repo: GitRepo) -> None:
+    path = paths.best_kernel("gemm", "f16", KEY, "cu")
+    edit(repo, {path: b'#include "../../../x.h"\n'})
+    assert f'{path}: line 1: #include "../../../x.h" escapes the repo' in problems(repo)
+
+
+def test_validate_reads_the_branch_tip_not_the_working_tree(repo: GitRepo) -> None:
+    repo.close()
+    (repo.path / RUN.results_tsv(KEY)).write_text("garbage")
+    assert problems(repo) == []
+
+
+def test_validate_checks_only_the_requested_dsl(repo: GitRepo) -> None:
+    edit(repo, {RUN.checkpoint(OTHER): None})
+    assert problems(repo, "triton") == []
+    assert problems(repo, "all") == problems(repo, DSL) != []
+
+
+def test_validate_problems_name_their_shape(repo: GitRepo) -> None:
+    edit(repo, {RUN.checkpoint(OTHER): b"{"})
+    shapes = {p.shape for p in validate_repo(repo.path, None)}
+    assert shapes == {(GPU, DSL, OTHER)}

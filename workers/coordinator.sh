@@ -1,0 +1,3 @@
+#!/bin/sh
+# Thin launcher: the logic lives in the croqq package (croqq/cluster/boot.py).
+exec croqq coordinator "$@"
