@@ -15,6 +15,7 @@ from typing import Any
 
 from croqq.cluster import keys, registry
 from croqq.cluster.queues import TASK_GPU_RECHECK
+from croqq.cluster.ledger import StepRecord
 from croqq.cluster.runtime import Runtime
 from croqq.cluster.state import ShapeState
 from croqq.domain.fsm import Phase
@@ -112,37 +113,37 @@ def unstick_shapes(rt: Runtime) -> int:
     return fixed
 
 
-def _stuck(rt: Runtime, state: ShapeState) -> bool:
+def _stuck(rt: Runtime, state: ShapeState, conn: Any = None) -> bool:
     if state.loop.phase == Phase.DONE or state.error:
         return False
     if state.step_id is not None:
-        record = rt.ledger.load_step(state.step_id)
+        record = rt.ledger.load_step(state.step_id, conn)
         return record is None or record.status in ("done", "dropped")
     if state.gpu_uuid is None:
-        return rt.client.zscore(keys.pending(state.gpu_type), state.sid) is None
+        return (conn or rt.client).zscore(keys.pending(state.gpu_type), state.sid) is None
     return True
 
 
 def _replan(rt: Runtime, sid: str) -> int:
-    out: dict[str, Any] = {}
-
-    def body(pipe: Any) -> None:
+    def body(pipe: Any) -> tuple[StepRecord | None, bool]:
         state = rt.ledger.load_shape(sid, pipe)
-        if state is None or not _stuck(rt, state):
+        if state is not None and state.step_id is not None:
+            pipe.watch(keys.step(state.step_id))  # the step's status is part of the premise
+        if state is None or not _stuck(rt, state, pipe):
             pipe.multi()
-            return
+            return None, False
         queue = rt.ledger.queue_for(state, pipe)
         pipe.multi()
         state.step_id = None
-        out["next"] = rt.ledger.plan_step(pipe, state, queue)
+        nxt = rt.ledger.plan_step(pipe, state, queue)
         rt.ledger.save_shape(pipe, state)
-        out["fixed"] = 1
+        return nxt, True
 
-    rt.ledger.txn.run([keys.shape(sid)], body)
-    rt.ledger.publish([out.get("next")])
-    if out.get("fixed"):
+    nxt, fixed = rt.ledger.txn.run([keys.shape(sid)], body)
+    rt.ledger.publish([nxt])
+    if fixed:
         log.warning("%s had no step in flight; planned its next step", sid)
-    return int(out.get("fixed", 0))
+    return int(fixed)
 
 
 def rebuild(rt: Runtime) -> int:

@@ -45,9 +45,9 @@ PHASE_KIND = {
 }
 
 _CLAIM = """
-local st = redis.call('HMGET', KEYS[1], 'status', 'epoch')
+local st = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'kind')
 if not st[1] then return 'missing' end
-if st[2] ~= ARGV[1] then return 'stale' end
+if st[2] ~= ARGV[1] or st[3] ~= ARGV[6] then return 'stale' end
 if st[1] ~= 'queued' then return st[1] end
 redis.call('HSET', KEYS[1], 'status', 'running', 'owner', ARGV[2], 'started_at', ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[5])
@@ -211,13 +211,13 @@ class Ledger:
 
     # -- the step protocol ----------------------------------------------------------------------------
 
-    def claim(self, step_id: str, epoch: int, owner: str) -> str:
+    def claim(self, step_id: str, epoch: int, owner: str, kind: str) -> str:
         """'ok' if this owner now runs the step; else why not ('missing', 'stale', 'running', 'done', ...)."""
         now = time.time()
         return str(
             self._claim(
                 keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED],
-                args=[str(epoch), owner, repr(now), repr(now + self.lease_ttl_s), step_id],
+                args=[str(epoch), owner, repr(now), repr(now + self.lease_ttl_s), step_id, kind],
             )
         )
 
@@ -232,9 +232,8 @@ class Ledger:
         if record0 is None:
             raise StaleStepError(f"step {step_id} no longer exists")
         watch.append(keys.shape(record0.sid))
-        out: dict[str, Any] = {}
 
-        def body(pipe: Any) -> None:
+        def body(pipe: Any) -> tuple[ShapeState, StepRecord | None]:
             record = self.load_step(step_id, pipe)
             state = self.load_shape(record0.sid, pipe)
             if record is None or state is None:
@@ -264,13 +263,12 @@ class Ledger:
             pipe.zrem(keys.RUNNING, step_id)
             if state.loop.phase == Phase.DONE and state.gpu_uuid:
                 pipe.srem(keys.active(state.gpu_uuid), state.sid)
-            out["next"] = self.plan_step(pipe, state, queue)
+            nxt = self.plan_step(pipe, state, queue)
             self.save_shape(pipe, state)
-            out["state"] = state
+            return state, nxt
 
-        self.txn.run(watch, body)
-        self.publish([out["next"]])
-        final: ShapeState = out["state"]
+        final, nxt = self.txn.run(watch, body)
+        self.publish([nxt])
         if final.loop.phase == Phase.DONE:
             for hook in self.on_done:
                 hook(final)
@@ -285,22 +283,22 @@ class Ledger:
         if record0 is None:
             self.client.zrem(keys.RUNNING, step_id)
             return False
-        out: dict[str, Any] = {"next": None, "done": False}
 
-        def body(pipe: Any) -> None:
+        def body(pipe: Any) -> tuple[StepRecord | None, bool]:
+            """Returns (the re-queued record to publish, whether the step left the running state)."""
             record = self.load_step(step_id, pipe)
             state = self.load_shape(record0.sid, pipe)
-            deadline = pipe.zscore(keys.RUNNING, step_id)
+            deadline = self.client.zscore(keys.RUNNING, step_id)
             if record is None or record.status != RUNNING:
                 pipe.multi()
                 pipe.zrem(keys.RUNNING, step_id)
-                return
+                return None, False
             if expect_owner is not None and record.owner != expect_owner:
                 pipe.multi()
-                return
+                return None, False
             if only_expired and deadline is not None and float(deadline) > time.time():
                 pipe.multi()
-                return
+                return None, False
             queue = record.queue
             if record.kind in GPU_KINDS and state is not None:
                 queue = self.queue_for(state, pipe) or ""
@@ -312,20 +310,19 @@ class Ledger:
                     state.step_id = None
                     self.release_gpu(pipe, state)
                     self.save_shape(pipe, state)
-                out["done"] = True
-                return
+                return None, True
             now = time.time()
             new = record.model_copy(update={"epoch": record.epoch + 1, "status": QUEUED, "owner": "",
                                             "queue": queue, "dispatched_at": now})
             self._write_step(pipe, new)
             pipe.hincrby(keys.STATS, "redispatch", 1)
-            out["next"], out["done"] = new, True
+            return new, True
 
-        self.txn.run([keys.step(step_id), keys.shape(record0.sid), keys.RUNNING], body)
-        if out["next"] is not None:
-            log.warning("re-dispatching %s %s as epoch %d: %s", record0.kind, step_id, out["next"].epoch, reason)
-            self.publish([out["next"]])
-        return bool(out["done"])
+        new, done = self.txn.run([keys.step(step_id), keys.shape(record0.sid)], body)
+        if new is not None:
+            log.warning("re-dispatching %s %s as epoch %d: %s", record0.kind, step_id, new.epoch, reason)
+            self.publish([new])
+        return bool(done)
 
     def expire_leases(self) -> int:
         """Re-queue every running step whose lease deadline has passed."""

@@ -22,6 +22,7 @@ from croqq.cluster.messages import StepMessage
 from croqq.cluster.queues import STEP_TASK
 from croqq.cluster.redis_client import connect
 from croqq.domain.manifest import Manifest, cached_manifest
+from croqq.errors import ConfigError
 from croqq.settings import Settings, get_settings
 from croqq.store.schema import Checkpoint
 
@@ -126,8 +127,6 @@ class Runtime:
     def gpu_identity(self) -> GpuIdentity:
         ident = GpuIdentity.from_env()
         if ident is None:
-            from croqq.errors import ConfigError
-
             raise ConfigError(f"this process serves no GPU ({ENV_GPU_UUID} is unset); start it with `croqq worker`")
         return ident
 
@@ -166,7 +165,10 @@ class Runtime:
         path = Path(self.settings.results_repo)
         if not (path / ".git").exists() and not (path / "HEAD").exists():
             return None
-        return GitRepo.open_existing(path, self.settings.results_branch)
+        try:
+            return GitRepo.open_existing(path, self.settings.results_branch)
+        except ConfigError:  # the writer is creating it right now: nothing to read yet
+            return None
 
     def _refill(self, state: object) -> None:
         uuid = getattr(state, "gpu_uuid", None)

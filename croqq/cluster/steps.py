@@ -49,7 +49,7 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
         rt.client.hincrby(keys.STATS, "rejected", 1)
         log.error("rejected message: %s", exc)
         return "rejected"
-    status = rt.ledger.claim(msg.step_id, msg.epoch, rt.owner)
+    status = rt.ledger.claim(msg.step_id, msg.epoch, rt.owner, msg.kind)
     if status != "ok":
         log.info("dropping %s %s epoch %d: step is %s", msg.kind, msg.step_id, msg.epoch, status)
         return status

@@ -16,16 +16,17 @@ An object that libgit2 cannot find reopens the repository once (packs merged awa
 
 Working tree and index (``sync_worktree``, non-bare repos whose HEAD is the branch):
 
-- each changed file is written into the working tree right after the ref moves (temp file in the same
-  folder + ``os.replace``; ``*.croqq-tmp`` is listed in ``.git/info/exclude`` so a temp file left by a
-  kill never shows up as untracked);
-- the index entries of exactly those paths are updated with the blob ids already known and the files'
-  stat data (no re-hashing). libgit2 rewrites the whole index file on every write (about 10 ms at 25k
-  entries on this 2-core machine: more than a whole commit), so index updates are batched: queued, and
-  written when the last write is at least ``index_flush_s`` old (a writer committing less often than
-  that keeps ``git status`` clean after every commit), on :meth:`GitRepo.sync_index` and on
-  :meth:`GitRepo.close`. Tradeoff: during a burst, ``git status`` may show up to the last second's
-  commits as staged reversions until the next flush; the branch, the durable truth, is never behind.
+- working-tree files and index entries follow the branch in batches: after the ref moves, the changed
+  paths are queued (deletions are applied at once), and at a flush every queued file is written once
+  (temp file in the same folder + ``os.replace``; ``*.croqq-tmp`` is listed in ``.git/info/exclude``)
+  and its index entry set from the blob id already known plus the file's stat data (no re-hashing),
+  then the index is written once. Why: libgit2 rewrites the whole index on every write (about 10 ms at
+  25k entries on a 2-core machine, more than a whole commit), and a burst rewrites state.json and the
+  appended logs on every commit. A flush happens when the last one is at least ``index_flush_s`` old
+  (so a writer committing less often than that keeps ``git status`` clean after every commit), on
+  :meth:`GitRepo.sync_index` (the writer's beat-driven flush, every few seconds) and on
+  :meth:`GitRepo.close`. Tradeoff: during a burst the working tree and ``git status`` lag the branch by
+  up to ``index_flush_s``; the branch, the durable truth, is never behind.
 - on open, the index is compared with the tip (a few ms at 25k files) and every differing path is
   rewritten in the working tree and the index: this repairs a process killed between the ref move and
   the working-tree or index update (paths reach the index only after their working-tree write).
@@ -136,7 +137,7 @@ class GitRepo:
         self._packs = PackStack(Path(self._repo.path) / "objects" / "pack") if self._packable() else None
         self._blobs: OrderedDict[pygit2.Oid, bytes] = OrderedDict()
         self._blob_bytes = 0
-        self._pending: dict[str, tuple[str, pygit2.Oid | None]] = {}
+        self._pending: dict[str, tuple[str, pygit2.Oid | None, bytes | None]] = {}
         self._made: set[str] = set()
         self._last_flush = 0.0
         self._closed = False
@@ -164,7 +165,11 @@ class GitRepo:
                 raise ConfigError(f"{self.path}: not a git repository (the writer creates it)") from exc
         self.path.mkdir(parents=True, exist_ok=True)
         log.info("initializing results repo %s (branch %s)", self.path, self.branch)
-        return pygit2.init_repository(str(self.path), bare=False, initial_head=self.branch)
+        repo = pygit2.init_repository(str(self.path), bare=False, initial_head=self.branch)
+        # No reflog for a repo only the writer commits to: each ref move would also append to
+        # logs/refs/heads/<branch> (an extra file write per commit); `git log` is the audit trail.
+        repo.config["core.logAllRefUpdates"] = False
+        return repo
 
     def _packable(self) -> bool:
         """One pack per commit (see ``croqq.store._objects``) for a plain SHA-1 object store; anything
@@ -358,24 +363,25 @@ class GitRepo:
     # -- working tree and index ---------------------------------------------------------------------
 
     def _sync_files(self, changes: Changes, dirs: set[str]) -> None:
+        """Queue the commit's files for the working tree; deletions happen now, writes at the next flush
+        (coalesced: state.json and the appended logs are rewritten once per flush, not once per commit)."""
         for path, data in changes.items():
             if data is None:
                 self._delete_file(path)
                 self._queue(path, "rmdir" if path in dirs else "rm")
             else:
-                self._write_file(path, data)
                 entry = self._trees.lookup(path)
-                self._queue(path, "add", entry[1] if entry is not None else None)
+                self._queue(path, "add", entry[1] if entry is not None else None, data)
         if time.monotonic() - self._last_flush >= self.index_flush_s:
             self.sync_index()
 
-    def _queue(self, path: str, op: str, oid: pygit2.Oid | None = None) -> None:
+    def _queue(self, path: str, op: str, oid: pygit2.Oid | None = None, data: bytes | None = None) -> None:
         if op == "rmdir":  # earlier ops inside a deleted folder are moot
             inside = [p for p in self._pending if p.startswith(path + "/")]
             for p in inside:
                 del self._pending[p]
         self._pending.pop(path, None)  # re-insert at the end: the latest op on a path wins, in order
-        self._pending[path] = (op, oid)
+        self._pending[path] = (op, oid, data)
 
     def _write_file(self, path: str, data: bytes) -> None:
         full = os.path.join(self.path, path)
@@ -411,8 +417,10 @@ class GitRepo:
             return
         try:
             self._index.read(force=False)
-            for path, (op, oid) in self._pending.items():
+            for path, (op, oid, data) in self._pending.items():
                 full = self.path / path
+                if op == "add" and data is not None:
+                    self._write_file(path, data)
                 if op == "add" and oid is not None and full.is_file():
                     _index_add(self._index, path, oid, full)
                 elif op == "rmdir":

@@ -82,16 +82,17 @@ def test_resubmitting_changes_nothing(cluster: Cluster) -> None:
 def test_duplicate_message_is_claimed_once(cluster: Cluster) -> None:
     cluster.submit(1)
     step = cluster.take()
-    assert cluster.ledger.claim(step.step_id, 0, "w1") == "ok"
-    assert cluster.ledger.claim(step.step_id, 0, "w2") == "running"
-    assert cluster.ledger.claim(step.step_id, 7, "w2") == "stale"
-    assert cluster.ledger.claim("nope#1", 0, "w2") == "missing"
+    assert cluster.ledger.claim(step.step_id, 0, "w1", step.kind) == "ok"
+    assert cluster.ledger.claim(step.step_id, 0, "w2", step.kind) == "running"
+    assert cluster.ledger.claim(step.step_id, 7, "w2", step.kind) == "stale"
+    assert cluster.ledger.claim("nope#1", 0, "w2", "baseline") == "missing"
+    assert cluster.ledger.claim(step.step_id, 0, "w2", "store") == "stale"
 
 
 def test_first_result_wins_and_a_duplicate_result_changes_nothing(cluster: Cluster) -> None:
     cluster.submit(1)
     step = cluster.take()
-    cluster.ledger.claim(step.step_id, 0, "w1")
+    cluster.ledger.claim(step.step_id, 0, "w1", step.kind)
     state = cluster.ledger.complete(step.step_id, 0, "w1", baseline_event())
     assert state.loop.phase == Phase.STORE
     with pytest.raises(StaleStepError):
@@ -104,14 +105,14 @@ def test_expired_lease_requeues_with_new_epoch_and_old_result_is_stale(redis_cli
     cluster.add_gpu("GPU-a")
     cluster.submit(1)
     step = cluster.take()
-    assert cluster.ledger.claim(step.step_id, 0, "dead-worker") == "ok"
+    assert cluster.ledger.claim(step.step_id, 0, "dead-worker", step.kind) == "ok"
     time.sleep(0.3)
     assert cluster.ledger.expire_leases() == 1
     again = cluster.take()
     assert (again.step_id, again.epoch) == (step.step_id, 1)
     with pytest.raises(StaleStepError):
         cluster.ledger.complete(step.step_id, 0, "dead-worker", baseline_event())
-    assert cluster.ledger.claim(step.step_id, 1, "w2") == "ok"
+    assert cluster.ledger.claim(step.step_id, 1, "w2", step.kind) == "ok"
     cluster.ledger.complete(step.step_id, 1, "w2", baseline_event())
 
 
@@ -120,7 +121,7 @@ def test_heartbeat_keeps_a_lease_alive(redis_client: redis.Redis) -> None:
     cluster.add_gpu("GPU-a")
     cluster.submit(1)
     step = cluster.take()
-    cluster.ledger.claim(step.step_id, 0, "w1")
+    cluster.ledger.claim(step.step_id, 0, "w1", step.kind)
     for _ in range(4):
         time.sleep(0.15)
         assert cluster.ledger.heartbeat(step.step_id, "w1")
@@ -141,7 +142,7 @@ def test_lost_publication_is_republished_from_the_outbox(cluster: Cluster) -> No
 def test_idea_hash_is_recorded_once_with_the_proposal(cluster: Cluster) -> None:
     sid = cluster.submit(1)[0]
     step = cluster.take()
-    cluster.ledger.claim(step.step_id, 0, "w")
+    cluster.ledger.claim(step.step_id, 0, "w", step.kind)
     state = cluster.ledger.complete(step.step_id, 0, "w", baseline_event())
     # jump the loop to IDEATE as if stored
     state.loop = state.loop.model_copy(update={"phase": Phase.IDEATE, "pending": None, "current_iter": 0})
@@ -150,7 +151,7 @@ def test_idea_hash_is_recorded_once_with_the_proposal(cluster: Cluster) -> None:
     cluster.client.hset(keys.step(rec.step_id), mapping={k: str(v) for k, v in rec.model_dump().items()})
     state.step_id = rec.step_id
     cluster.client.set(keys.shape(sid), state.model_dump_json())
-    cluster.ledger.claim(rec.step_id, 0, "w")
+    cluster.ledger.claim(rec.step_id, 0, "w", rec.kind)
     idea = Idea(summary="s", tag="t", knobs={"TILE_M": 64}, content_hash="abcdef0123456789")
     cluster.ledger.complete(rec.step_id, 0, "w", Proposed(idea=idea))
     assert cluster.client.smembers(keys.ideas(sid)) == {"abcdef0123456789"}
@@ -161,7 +162,7 @@ def test_quarantine_releases_shapes_drops_gpu_steps_and_migrates(cluster: Cluste
     registry.set_status(cluster.client, "GPU-b", registry.QUARANTINED, "setup")
     sids = cluster.submit(2)
     first = cluster.take()
-    cluster.ledger.claim(first.step_id, 0, "w")
+    cluster.ledger.claim(first.step_id, 0, "w", first.kind)
     cluster.ledger.complete(first.step_id, 0, "w", baseline_event())  # that shape moves on to STORE
     registry.set_status(cluster.client, "GPU-b", registry.HEALTHY)
     cluster.published.clear()
@@ -181,3 +182,21 @@ def test_submit_refills_a_gpu_when_a_shape_completes(cluster: Cluster) -> None:
     sids = cluster.submit(3, max_iter=1)
     assert make_sid(GPU_TYPE, "cuda", build_schedule(cluster.manifest, "f16")[0].key) == sids[0]
     assert cluster.client.zcard(keys.pending(GPU_TYPE)) == 1
+
+
+def test_a_retried_transaction_returns_only_the_committed_attempts_result(redis_client: redis.Redis) -> None:
+    from croqq.cluster.ledger import Txn
+
+    redis_client.set("k", "0")
+    attempts: list[str] = []
+
+    def body(pipe):  # type: ignore[no-untyped-def]
+        attempts.append(pipe.get("k"))
+        if len(attempts) == 1:
+            redis_client.set("k", "changed")  # another process commits in between: EXEC must fail
+        pipe.multi()
+        pipe.set("k", f"written-by-{len(attempts)}")
+        return len(attempts)
+
+    assert Txn(redis_client).run(["k"], body) == 2
+    assert redis_client.get("k") == "written-by-2" and attempts == ["0", "changed"]
