@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     ideate_rate_limit: str = Field("", description="Celery rate limit for the ideate task, e.g. '30/m'.")
     ideate_concurrency: int = Field(8, ge=1)
     build_concurrency: int = Field(2, ge=1)
+    build_pool: Literal["prefork", "threads"] = Field(
+        "prefork", description="prefork for nvcc (CPU bound); threads suits the simulated backend."
+    )
 
     # -- leases and timeouts (seconds) ------------------------------------------------------------
     lease_ttl_s: float = Field(10.0, gt=0, description="Step, GPU and singleton lease TTL.")

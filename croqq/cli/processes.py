@@ -45,7 +45,7 @@ def build_worker(
 
     _prepare(log_level)
     settings = load_settings()
-    run_celery_worker(settings, "build", queues.BUILD, f"build-{os.getpid()}", "prefork",
+    run_celery_worker(settings, "build", queues.BUILD, f"build-{os.getpid()}", settings.build_pool,
                       concurrency or settings.build_concurrency, log_level)
 
 

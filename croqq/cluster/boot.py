@@ -27,16 +27,23 @@ from croqq.settings import Settings
 log = logging.getLogger(__name__)
 
 
+# A GPU queue has exactly one consumer, so reserving the next step while the current one runs takes work
+# from no one; it hands the GPU its next step without a broker round trip. Elsewhere prefetch stays 1.
+# A reserved message lost with its worker is re-published (the queue's consumer restarted).
+GPU_PREFETCH = 2
+
+
 def host_name() -> str:
     """This host's name as used in queue names (letters, digits and '-')."""
     raw = socket.gethostname().split(".")[0]
     return "".join(c if c.isalnum() or c == "-" else "-" for c in raw) or "host"
 
 
-def celery_argv(queue: str, node: str, pool: str, concurrency: int, loglevel: str) -> list[str]:
+def celery_argv(queue: str, node: str, pool: str, concurrency: int, loglevel: str, prefetch: int = 1) -> list[str]:
     return [
         "worker", "-Q", queue, "-n", f"{node}@{host_name()}", "-P", pool, "-c", str(concurrency),
         "--loglevel", loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--prefetch-multiplier", str(prefetch),
     ]
 
 
@@ -51,6 +58,7 @@ def run_celery_worker(
     singleton: str | None = None,
     extra_beats: Callable[[Heartbeat], None] | None = None,
     on_exit: Callable[[], None] | None = None,
+    prefetch: int = 1,
 ) -> None:
     """Run one Celery worker in this process, registered and heart-beating, holding ``singleton``."""
     from croqq.cluster.app import app
@@ -71,7 +79,7 @@ def run_celery_worker(
         extra_beats(hb)
     hb.start()
     try:
-        app.worker_main(celery_argv(queue, node, pool, concurrency, loglevel))
+        app.worker_main(celery_argv(queue, node, pool, concurrency, loglevel, prefetch))
     finally:
         if on_exit is not None:
             on_exit()
@@ -108,7 +116,8 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
 
     get_runtime().coordinator.fill(uuid)
     try:
-        run_celery_worker(settings, "gpu", queue, f"gpu{index}", "prefork", 1, loglevel, extra_beats=gpu_beat)
+        run_celery_worker(settings, "gpu", queue, f"gpu{index}", "prefork", 1, loglevel, extra_beats=gpu_beat,
+                          prefetch=GPU_PREFETCH)
     finally:
         lease.release()
 

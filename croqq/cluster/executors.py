@@ -6,6 +6,7 @@ compile failure is ``Built(ok=False)``, a crash is a FAIL measurement); only inf
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from croqq.cluster import gpu as guard
@@ -14,7 +15,7 @@ from croqq.cluster.messages import StepMessage
 from croqq.cluster.persist import store_request
 from croqq.cluster.runtime import Runtime
 from croqq.cluster.state import ShapeState
-from croqq.domain.fsm import BaselineMeasured, Built, Measured, Profiled, Proposed, Stored
+from croqq.domain.fsm import BaselineMeasured, Built, Measured, Phase, Profiled, Proposed, Stored
 from croqq.domain.knobs import Candidate, make_candidate, seed_knobs
 from croqq.errors import IllegalTransitionError, TerminalError
 from croqq.proposers._base import ProposeContext
@@ -27,32 +28,54 @@ def _candidate(rt: Runtime, state: ShapeState, knobs: dict[str, int]) -> Candida
     return make_candidate(rt.manifest, state.dsl, state.shape, knobs)
 
 
+_BUILT: dict[str, str] = {}  # content hash -> artifact, for kernels this process had to build itself
+_BUILT_MAX = 512
+
+
 def _artifact(rt: Runtime, state: ShapeState, cand: Candidate, what: str) -> str:
+    """Build a kernel this step needs but was not handed (the seed; the best after a cold start)."""
+    cached = _BUILT.get(cand.content_hash)
+    if cached is not None:
+        return cached
     build = rt.backend.build(state.shape, cand)
     if not build.ok:
         raise TerminalError(f"{state.key}: the {what} kernel does not build: {build.reason}")
+    if len(_BUILT) >= _BUILT_MAX:
+        _BUILT.pop(next(iter(_BUILT)))
+    _BUILT[cand.content_hash] = build.artifact
     return build.artifact
 
 
-def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasured:
+def _best_artifact(rt: Runtime, state: ShapeState) -> str:
+    loop = state.loop
+    return loop.best_artifact or _artifact(rt, state, _candidate(rt, state, loop.best_knobs), "best")
+
+
+def _seed(rt: Runtime, state: ShapeState) -> Candidate:
     knobs = seed_knobs(rt.manifest, state.dsl, state.dtype, rt.manifest.mode(state.mode).seed)
-    cand = _candidate(rt, state, knobs)
-    artifact = _artifact(rt, state, cand, "seed")
+    return _candidate(rt, state, knobs)
+
+
+def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasured:
+    cand = _seed(rt, state)
+    knobs = cand.knobs
+    pending = state.loop.pending
+    artifact = pending.build.artifact if pending and pending.build else _artifact(rt, state, cand, "seed")
     gpu = rt.gpu
     guard.gate(rt, gpu, f"baseline {state.key}")
-    with guard.busy(rt, gpu, f"baseline {state.key}"):
+    with guard.busy(rt, gpu):
         (measurement,) = rt.backend.measure(gpu, state.shape, [artifact])
         vendor = rt.backend.vendor_tflops(gpu, state.shape)
     guard.after_run(gpu, measurement)
     return BaselineMeasured(knobs=knobs, measurement=measurement, vendor_tflops=vendor,
-                            run_command=rt.backend.run_command(state.shape, cand))
+                            run_command=rt.backend.run_command(state.shape, cand), artifact=artifact)
 
 
 def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
-    artifact = _artifact(rt, state, _candidate(rt, state, state.loop.best_knobs), "best")
+    artifact = _best_artifact(rt, state)
     gpu = rt.gpu
     guard.gate(rt, gpu, f"profile {state.key}")
-    with guard.busy(rt, gpu, f"profile {state.key}"):
+    with guard.busy(rt, gpu):
         result = rt.backend.profile(gpu, state.shape, artifact)
     return Profiled(profile=result)
 
@@ -68,14 +91,20 @@ def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed:
         bottleneck=loop.last_profile.bottleneck if loop.last_profile else "unknown",
         tried=sorted(rt.client.smembers(keys.ideas(state.sid))),
     )
-    return Proposed(idea=rt.proposer.propose(ctx))
+    idea = rt.proposer.propose(ctx)
+    if rt.settings.backend == "sim" and rt.settings.time_scale > 0:
+        time.sleep(rt.settings.sim_ideate_s * rt.settings.time_scale)  # the simulated agent's think time
+    return Proposed(idea=idea)
 
 
 def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built:
     pending = state.loop.pending
-    if pending is None or pending.idea is None:
+    if state.loop.phase == Phase.BASELINE:
+        cand = _seed(rt, state)
+    elif pending is None or pending.idea is None:
         raise IllegalTransitionError(f"{state.key}: IMPLEMENT without an idea")
-    cand = _candidate(rt, state, pending.idea.knobs)
+    else:
+        cand = _candidate(rt, state, pending.idea.knobs)
     return Built(build=rt.backend.build(state.shape, cand), run_command=rt.backend.run_command(state.shape, cand))
 
 
@@ -83,12 +112,10 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
     pending, loop = state.loop.pending, state.loop
     if pending is None or pending.build is None:
         raise IllegalTransitionError(f"{state.key}: MEASURE without a built candidate")
-    best_artifact = None
-    if loop.best_knobs:
-        best_artifact = _artifact(rt, state, _candidate(rt, state, loop.best_knobs), "best")
+    best_artifact = _best_artifact(rt, state) if loop.best_knobs else None
     gpu = rt.gpu
-    guard.gate(rt, gpu, f"measure {state.key}")
-    with guard.busy(rt, gpu, f"measure {state.key} iter{loop.current_iter + 1:03d}"):
+    guard.gate(rt, gpu, f"measure {state.key} iter{loop.current_iter + 1:03d}")
+    with guard.busy(rt, gpu):
         result = rt.backend.measure_candidate(
             gpu, state.shape, pending.build.artifact, best_artifact, loop.best_tflops, rebase=state.needs_rebase
         )

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from croqq.backends._base import GpuContext
-from croqq.cluster import keys, registry, stats
+from croqq.cluster import keys, stats
 from croqq.cluster.runtime import Runtime
 from croqq.domain.records import GpuSnapshot, Measurement
 from croqq.errors import GpuLeaseLostError, GpuUnavailableError
@@ -22,20 +22,25 @@ from croqq.errors import GpuLeaseLostError, GpuUnavailableError
 log = logging.getLogger(__name__)
 
 
-def check_lease(rt: Runtime) -> None:
+def _claim_for(rt: Runtime, gpu: GpuContext, what: str) -> None:
+    """Fencing: the GPU lease must still be this worker's; mark the GPU busy with ``what`` (one round trip)."""
     ident = rt.gpu_identity
-    holder = rt.client.get(keys.lease(f"gpu:{ident.uuid}"))
+    pipe = rt.client.pipeline(transaction=False)
+    pipe.get(keys.lease(f"gpu:{ident.uuid}"))
+    pipe.hset(keys.gpu(gpu.uuid), mapping={"current": what, "since": repr(time.time())})
+    holder = pipe.execute()[0]
     if ident.owner and holder not in (None, ident.owner):
         raise GpuLeaseLostError(f"GPU {ident.uuid} lease is held by {holder}, not this worker")
 
 
 def gate(rt: Runtime, gpu: GpuContext, what: str) -> GpuSnapshot:
-    """Block until the GPU is healthy (or give up and raise); return the snapshot at the start."""
-    check_lease(rt)
+    """Block until the GPU is healthy (or give up and raise), check the lease, mark the GPU busy with
+    ``what``; return the snapshot at the start."""
     delay, deadline = 0.2, time.monotonic() + rt.settings.health_wait_s
     while True:
         health = gpu.probe.health(gpu.uuid)
         if health.ok:
+            _claim_for(rt, gpu, what)
             return health.snapshot
         reason = "; ".join(health.problems)
         if time.monotonic() >= deadline:
@@ -55,9 +60,8 @@ def after_run(gpu: GpuContext, measurement: Measurement) -> None:
 
 
 @contextmanager
-def busy(rt: Runtime, gpu: GpuContext, text: str) -> Iterator[None]:
-    """Mark the GPU busy with ``text`` (status view) and count the time (duty cycle)."""
-    registry.set_current(rt.client, gpu.uuid, text)
+def busy(rt: Runtime, gpu: GpuContext) -> Iterator[None]:
+    """Count the time the GPU works (duty cycle); clear its 'current step' afterwards."""
     start = time.time()
     try:
         yield

@@ -44,6 +44,14 @@ PHASE_KIND = {
     Phase.STORE: "store",
 }
 
+def step_kind(state: ShapeState) -> str | None:
+    """The step the shape's phase calls for (BASELINE builds its seed on a build worker first)."""
+    loop = state.loop
+    if loop.phase == Phase.BASELINE and (loop.pending is None or loop.pending.build is None):
+        return "implement"
+    return PHASE_KIND.get(loop.phase)
+
+
 _CLAIM = """
 local st = redis.call('HMGET', KEYS[1], 'status', 'epoch', 'kind')
 if not st[1] then return 'missing' end
@@ -52,7 +60,7 @@ if st[1] ~= 'queued' then return st[1] end
 redis.call('HSET', KEYS[1], 'status', 'running', 'owner', ARGV[2], 'started_at', ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
-return 'ok'
+return {'ok', redis.call('GET', KEYS[4])}
 """
 _HEARTBEAT = """
 local st = redis.call('HMGET', KEYS[1], 'status', 'owner')
@@ -149,7 +157,7 @@ class Ledger:
 
         A GPU step for a shape without a GPU (or whose GPU has no queue) waits in the pending set.
         """
-        kind = PHASE_KIND.get(state.loop.phase)
+        kind = step_kind(state)
         if kind is None or state.error:
             state.step_id = None
             return None
@@ -211,15 +219,18 @@ class Ledger:
 
     # -- the step protocol ----------------------------------------------------------------------------
 
-    def claim(self, step_id: str, epoch: int, owner: str, kind: str) -> str:
-        """'ok' if this owner now runs the step; else why not ('missing', 'stale', 'running', 'done', ...)."""
+    def claim(self, step_id: str, epoch: int, owner: str, kind: str, sid: str) -> tuple[str, ShapeState | None]:
+        """('ok', the shape's state) if this owner now runs the step; else (why not, None): 'missing',
+        'stale' (another epoch or kind), 'running', 'done', 'dropped'."""
         now = time.time()
-        return str(
-            self._claim(
-                keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED],
-                args=[str(epoch), owner, repr(now), repr(now + self.lease_ttl_s), step_id, kind],
-            )
+        reply = self._claim(
+            keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED, keys.shape(sid)],
+            args=[str(epoch), owner, repr(now), repr(now + self.lease_ttl_s), step_id, kind],
         )
+        if isinstance(reply, list):
+            raw = reply[1]
+            return "ok", ShapeState.model_validate_json(raw) if raw else None
+        return str(reply), None
 
     def heartbeat(self, step_id: str, owner: str) -> bool:
         deadline = time.time() + self.lease_ttl_s

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -106,6 +108,10 @@ class Runtime:
         return Heartbeat(self.settings.lease_ttl_s / 4, name=f"croqq-heartbeat-{os.getpid()}").start()
 
     @cached_property
+    def completer(self) -> Completer:
+        return Completer()
+
+    @cached_property
     def backend(self) -> Backend:
         from croqq.backends import make_backend
 
@@ -176,6 +182,30 @@ class Runtime:
             self.coordinator.fill(uuid)
 
 
+class Completer:
+    """One background thread that runs submitted callables in order (recording GPU steps' results)."""
+
+    def __init__(self, depth: int = 8) -> None:
+        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name="croqq-completer", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        self._queue.put(fn)  # blocks when results pile up: never outrun the ledger by much
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Finish what was submitted (called at worker shutdown)."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while (fn := self._queue.get()) is not None:
+            try:
+                fn()
+            except Exception:
+                log.exception("recording a step result failed; its lease will expire and re-dispatch it")
+
+
 _RUNTIMES: dict[int, Runtime] = {}
 
 
@@ -186,3 +216,10 @@ def get_runtime() -> Runtime:
     if rt is None:
         rt = _RUNTIMES[pid] = Runtime(get_settings())
     return rt
+
+
+def drain_completer() -> None:
+    """At process shutdown: record the results still waiting in the completer."""
+    rt = _RUNTIMES.get(os.getpid())
+    if rt is not None and "completer" in vars(rt):
+        rt.completer.drain()

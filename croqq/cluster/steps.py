@@ -1,5 +1,9 @@
 """Running one step message: validate, claim, keep the lease alive, execute, complete (or give back).
 
+A GPU step's result is recorded by a background thread (``Runtime.completer``) so that the GPU starts its
+next queued step at once; a process killed before the result is recorded leaves the step running under
+its lease, and the lease's expiry re-dispatches it (the result is then measured again, never lost).
+
 Outcomes (returned, and logged with shape, step and GPU): done, rejected (bad payload), missing/stale/
 running/done/dropped (a duplicate or stale message, dropped), requeued (retryable fault), quarantined
 (the GPU failed its health check), failed (terminal fault: the shape is parked as 'error').
@@ -9,13 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from croqq.cluster import keys
 from croqq.cluster.executors import EXECUTORS
 from croqq.cluster.messages import StepMessage, parse
-from croqq.cluster.queues import STEP_TASK
+from croqq.cluster.queues import GPU_KINDS, STEP_TASK
 from croqq.cluster.runtime import Runtime
+from croqq.cluster.state import ShapeState
 from croqq.errors import (
     GpuLeaseLostError,
     GpuUnavailableError,
@@ -49,48 +55,69 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
         rt.client.hincrby(keys.STATS, "rejected", 1)
         log.error("rejected message: %s", exc)
         return "rejected"
-    status = rt.ledger.claim(msg.step_id, msg.epoch, rt.owner, msg.kind)
+    status, state = rt.ledger.claim(msg.step_id, msg.epoch, rt.owner, msg.kind, msg.sid)
     if status != "ok":
         log.info("dropping %s %s epoch %d: step is %s", msg.kind, msg.step_id, msg.epoch, status)
         return status
     beat = f"step:{msg.step_id}"
     rt.heartbeat.add(beat, lambda: rt.ledger.heartbeat(msg.step_id, rt.owner))
-    try:
-        return _execute(rt, msg)
-    finally:
+    outcome, event = _guarded(rt, msg, lambda: _execute(rt, msg, state))
+    if event is None:
         rt.heartbeat.remove(beat)
+        return outcome
+
+    def finish() -> str:
+        try:
+            return _guarded(rt, msg, lambda: _complete(rt, msg, event))[0]
+        finally:
+            rt.heartbeat.remove(beat)
+
+    if msg.kind in GPU_KINDS:  # the GPU goes on to its next step while this result is recorded
+        rt.completer.submit(finish)
+        return "done"
+    return finish()
 
 
-def _execute(rt: Runtime, msg: StepMessage) -> str:
-    try:
+def _execute(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Any:
+    if rt.settings.test_barriers:
         wait_barrier(rt, msg.kind, msg.step_id)
         state = rt.ledger.load_shape(msg.sid)
-        if state is None or state.step_id != msg.step_id:
-            raise StaleStepError(f"{msg.sid} no longer waits for {msg.step_id}")
-        event = EXECUTORS[msg.kind](rt, state, msg)
-        wait_barrier(rt, f"{msg.kind}:complete", msg.step_id)
-        after = rt.ledger.complete(msg.step_id, msg.epoch, rt.owner, event)
-        log.info("%s %s done -> %s", state.key, msg.kind, after.loop.phase)
-        return "done"
+    if state is None or state.step_id != msg.step_id:
+        raise StaleStepError(f"{msg.sid} no longer waits for {msg.step_id}")
+    event = EXECUTORS[msg.kind](rt, state, msg)
+    wait_barrier(rt, f"{msg.kind}:complete", msg.step_id)
+    return event
+
+
+def _complete(rt: Runtime, msg: StepMessage, event: Any) -> str:
+    after = rt.ledger.complete(msg.step_id, msg.epoch, rt.owner, event)
+    log.info("%s %s done -> %s", after.key, msg.kind, after.loop.phase)
+    return "done"
+
+
+def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str, Any]:
+    """Run ``fn``; map croqq's exceptions to the step's fate: (outcome, fn's value or None)."""
+    try:
+        return "done", fn()
     except StaleStepError as exc:
         log.warning("%s: %s", msg.step_id, exc)
-        return "stale"
+        return "stale", None
     except GpuLeaseLostError as exc:
         rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner)
-        return "requeued"
+        return "requeued", None
     except GpuUnavailableError as exc:
         rt.coordinator.quarantine(rt.gpu.uuid, str(exc))
-        return "quarantined"
+        return "quarantined", None
     except RetryableError as exc:
         log.warning("%s %s: retryable fault: %s", msg.kind, msg.step_id, exc)
         rt.ledger.fail(msg.step_id, rt.owner, str(exc), terminal=False, max_failures=rt.settings.max_step_failures)
-        return "requeued"
+        return "requeued", None
     except TerminalError as exc:
         log.error("%s %s: %s", msg.kind, msg.step_id, exc)
         rt.ledger.fail(msg.step_id, rt.owner, str(exc), terminal=True, max_failures=1)
-        return "failed"
+        return "failed", None
     except Exception as exc:
         log.exception("%s %s crashed", msg.kind, msg.step_id)
         rt.ledger.fail(msg.step_id, rt.owner, f"{type(exc).__name__}: {exc}", terminal=False,
                        max_failures=rt.settings.max_step_failures)
-        return "requeued"
+        return "requeued", None

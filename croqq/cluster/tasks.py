@@ -6,15 +6,27 @@ import logging
 import time
 from typing import Any
 
+from celery.signals import worker_process_shutdown, worker_shutdown
+
 from croqq.cluster import housekeeping, queues, registry
 from croqq.cluster.app import app
 from croqq.cluster.messages import FillMessage, SubmitMessage, parse
-from croqq.cluster.runtime import get_runtime
+from croqq.cluster.runtime import drain_completer, get_runtime
 from croqq.cluster.steps import run_step
 from croqq.errors import InvalidRecordError, RetryableError
 from croqq.settings import get_settings
 
 log = logging.getLogger(__name__)
+
+
+@worker_process_shutdown.connect
+def _drain(**_: Any) -> None:
+    drain_completer()
+
+
+@worker_shutdown.connect
+def _drain_main(**_: Any) -> None:
+    drain_completer()  # solo/threads pools run tasks in the main process
 
 
 @app.task(name=queues.TASK_GPU)

@@ -4,6 +4,8 @@
                                                            |  compile failure
                                                            +-> STORE(attempt) -> IDEATE   (no iteration id used)
 
+- BASELINE first builds the seed kernel (``Built``, on a build worker), then measures it (``BaselineMeasured``,
+  on the GPU); a seed that does not build is an error of the manifest, not a candidate outcome.
 - PROFILE runs before iteration 1, every ``profile_every`` iterations, after a KEEP and at 3 consecutive
   non-KEEPs (a stall).
 - Consecutive non-KEEPs are a strategy signal, never a stop: 5 escalates the proposer, 10 goes radical.
@@ -53,6 +55,7 @@ class BaselineMeasured(_Event):
     measurement: Measurement
     vendor_tflops: float | None = None
     run_command: str = ""
+    artifact: str = ""
 
 
 class Profiled(_Event):
@@ -129,6 +132,7 @@ class Loop(BaseModel):
     vendor_tflops: float | None = None
     best_knobs: dict[str, int] = {}
     best_tag: str = ""
+    best_artifact: str = Field("", description="The best kernel's built artifact (empty: build it again).")
     seed_knobs: dict[str, int] = {}
     consecutive_discards: int = 0
     attempts: int = 0
@@ -185,7 +189,8 @@ def _baseline(loop: Loop, ev: BaselineMeasured) -> Loop:
         run_command=ev.run_command,
     )
     return loop.model_copy(
-        update={"phase": Phase.STORE, "pending": pending, "seed_knobs": ev.knobs, "vendor_tflops": ev.vendor_tflops}
+        update={"phase": Phase.STORE, "pending": pending, "seed_knobs": ev.knobs, "vendor_tflops": ev.vendor_tflops,
+                "best_artifact": ev.artifact}
     )
 
 
@@ -224,7 +229,7 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
     }
     if keep and idea is not None:
         update |= {"best_iter": pending.iteration, "best_tflops": pending.tflops, "best_knobs": idea.knobs,
-                   "best_tag": idea.tag}
+                   "best_tag": idea.tag, "best_artifact": pending.build.artifact if pending.build else ""}
     elif pending.measure is not None and pending.measure.rebased_best_tflops is not None:
         update["best_tflops"] = pending.measure.rebased_best_tflops
     updated = loop.model_copy(update=update)
@@ -236,6 +241,10 @@ def transition(loop: Loop, event: _Event) -> Loop:
     phase = loop.phase
     if isinstance(event, Start) and phase == Phase.INIT:
         return loop.model_copy(update={"phase": Phase.BASELINE})
+    if isinstance(event, Built) and phase == Phase.BASELINE and loop.pending is None:
+        if not event.build.ok:
+            raise IllegalTransitionError(f"the seed kernel does not build: {event.build.reason or 'compile error'}")
+        return loop.model_copy(update={"pending": Pending(build=event.build, run_command=event.run_command)})
     if isinstance(event, BaselineMeasured) and phase == Phase.BASELINE:
         return _baseline(loop, event)
     if isinstance(event, Profiled) and phase == Phase.PROFILE:

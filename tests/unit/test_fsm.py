@@ -80,6 +80,7 @@ def at(phase: Phase) -> Loop:
 
 LEGAL = {
     (Phase.INIT, "start"): Phase.BASELINE,
+    (Phase.BASELINE, "built"): Phase.BASELINE,
     (Phase.BASELINE, "baseline_measured"): Phase.STORE,
     (Phase.PROFILE, "profiled"): Phase.IDEATE,
     (Phase.IDEATE, "proposed"): Phase.IMPLEMENT,
@@ -110,6 +111,15 @@ def test_baseline_is_iteration_zero_and_profile_runs_before_iteration_one() -> N
     assert loop.pending is not None and loop.pending.iteration == 0 and loop.pending.decision == "BASELINE"
     loop = transition(loop, Stored(iteration=0))
     assert (loop.phase, loop.current_iter, loop.best_tflops, loop.baseline_tflops) == (Phase.PROFILE, 0, 100.0, 100.0)
+
+
+def test_baseline_builds_the_seed_before_measuring_it_and_a_broken_seed_is_an_error() -> None:
+    loop = transition(transition(Loop(max_iter=3), Start()), EVENTS["built"])
+    assert loop.phase == Phase.BASELINE and loop.pending is not None and loop.pending.build is not None
+    with pytest.raises(IllegalTransitionError):
+        transition(loop, EVENTS["built"])  # built once only
+    with pytest.raises(IllegalTransitionError, match="seed kernel does not build: ptxas"):
+        transition(transition(Loop(max_iter=3), Start()), Built(build=BuildOutcome(ok=False, reason="ptxas")))
 
 
 def test_compile_failure_is_an_attempt_that_uses_no_iteration_id() -> None:

@@ -13,9 +13,9 @@ from croqq.cluster.coordinator import Coordinator
 from croqq.cluster.ledger import Ledger, StepRecord
 from croqq.cluster.messages import SubmitMessage
 from croqq.cluster.state import make_sid
-from croqq.domain.fsm import BaselineMeasured, Phase, Proposed
+from croqq.domain.fsm import BaselineMeasured, Built, Phase, Proposed
 from croqq.domain.manifest import load_manifest
-from croqq.domain.records import Idea, Measurement
+from croqq.domain.records import BuildOutcome, Idea, Measurement
 from croqq.domain.schedule import build_schedule
 from croqq.errors import StaleStepError
 from croqq.settings import Settings
@@ -49,6 +49,17 @@ class Cluster:
         return self.published.pop(0)
 
 
+def baseline_step(cluster: Cluster) -> StepRecord:
+    """Build the next published seed (an IMPLEMENT on the build queue) and return its BASELINE step."""
+    build = cluster.take()
+    assert build.kind == "implement" and build.queue == "build"
+    cluster.ledger.claim(build.step_id, 0, "builder", build.kind, build.sid)
+    cluster.ledger.complete(build.step_id, 0, "builder", Built(build=BuildOutcome(ok=True, artifact="seed")))
+    step = cluster.published.pop()
+    assert step.kind == "baseline" and step.sid == build.sid
+    return step
+
+
 def baseline_event(tflops: float = 100.0) -> BaselineMeasured:
     return BaselineMeasured(knobs={"TILE_M": 128}, measurement=Measurement(outcome="ok", tflops=tflops))
 
@@ -64,8 +75,8 @@ def test_submit_fills_gpu_up_to_pipeline_depth(cluster: Cluster) -> None:
     sids = cluster.submit(5)
     assert len(sids) == 5
     assert cluster.client.scard(keys.active("GPU-a")) == 2
-    assert [r.kind for r in cluster.published] == ["baseline", "baseline"]
-    assert all(r.queue == "gpu.h.GPU-a" for r in cluster.published)
+    assert [(r.kind, r.queue) for r in cluster.published] == [("implement", "build")] * 2
+    assert baseline_step(cluster).queue == "gpu.h.GPU-a"
     assert cluster.client.zcard(keys.pending(GPU_TYPE)) == 3
 
 
@@ -81,18 +92,18 @@ def test_resubmitting_changes_nothing(cluster: Cluster) -> None:
 
 def test_duplicate_message_is_claimed_once(cluster: Cluster) -> None:
     cluster.submit(1)
-    step = cluster.take()
-    assert cluster.ledger.claim(step.step_id, 0, "w1", step.kind) == "ok"
-    assert cluster.ledger.claim(step.step_id, 0, "w2", step.kind) == "running"
-    assert cluster.ledger.claim(step.step_id, 7, "w2", step.kind) == "stale"
-    assert cluster.ledger.claim("nope#1", 0, "w2", "baseline") == "missing"
-    assert cluster.ledger.claim(step.step_id, 0, "w2", "store") == "stale"
+    step = baseline_step(cluster)
+    assert cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)[0] == "ok"
+    assert cluster.ledger.claim(step.step_id, 0, "w2", step.kind, step.sid)[0] == "running"
+    assert cluster.ledger.claim(step.step_id, 7, "w2", step.kind, step.sid)[0] == "stale"
+    assert cluster.ledger.claim("nope#1", 0, "w2", "baseline", step.sid)[0] == "missing"
+    assert cluster.ledger.claim(step.step_id, 0, "w2", "store", step.sid)[0] == "stale"
 
 
 def test_first_result_wins_and_a_duplicate_result_changes_nothing(cluster: Cluster) -> None:
     cluster.submit(1)
-    step = cluster.take()
-    cluster.ledger.claim(step.step_id, 0, "w1", step.kind)
+    step = baseline_step(cluster)
+    cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)[0]
     state = cluster.ledger.complete(step.step_id, 0, "w1", baseline_event())
     assert state.loop.phase == Phase.STORE
     with pytest.raises(StaleStepError):
@@ -104,15 +115,15 @@ def test_expired_lease_requeues_with_new_epoch_and_old_result_is_stale(redis_cli
     cluster = Cluster(redis_client, ttl=0.2)
     cluster.add_gpu("GPU-a")
     cluster.submit(1)
-    step = cluster.take()
-    assert cluster.ledger.claim(step.step_id, 0, "dead-worker", step.kind) == "ok"
+    step = baseline_step(cluster)
+    assert cluster.ledger.claim(step.step_id, 0, "dead-worker", step.kind, step.sid)[0] == "ok"
     time.sleep(0.3)
     assert cluster.ledger.expire_leases() == 1
     again = cluster.take()
     assert (again.step_id, again.epoch) == (step.step_id, 1)
     with pytest.raises(StaleStepError):
         cluster.ledger.complete(step.step_id, 0, "dead-worker", baseline_event())
-    assert cluster.ledger.claim(step.step_id, 1, "w2", step.kind) == "ok"
+    assert cluster.ledger.claim(step.step_id, 1, "w2", step.kind, step.sid)[0] == "ok"
     cluster.ledger.complete(step.step_id, 1, "w2", baseline_event())
 
 
@@ -120,8 +131,8 @@ def test_heartbeat_keeps_a_lease_alive(redis_client: redis.Redis) -> None:
     cluster = Cluster(redis_client, ttl=0.3)
     cluster.add_gpu("GPU-a")
     cluster.submit(1)
-    step = cluster.take()
-    cluster.ledger.claim(step.step_id, 0, "w1", step.kind)
+    step = baseline_step(cluster)
+    cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)[0]
     for _ in range(4):
         time.sleep(0.15)
         assert cluster.ledger.heartbeat(step.step_id, "w1")
@@ -135,14 +146,14 @@ def test_lost_publication_is_republished_from_the_outbox(cluster: Cluster) -> No
     assert cluster.client.zcard(keys.OUTBOX) == 1
     cluster.ledger.publisher = cluster.published.append
     assert cluster.ledger.flush_outbox(older_than_s=0.0) == 1
-    assert [r.kind for r in cluster.published] == ["baseline"]
+    assert [r.kind for r in cluster.published] == ["implement"]
     assert cluster.client.zcard(keys.OUTBOX) == 0
 
 
 def test_idea_hash_is_recorded_once_with_the_proposal(cluster: Cluster) -> None:
     sid = cluster.submit(1)[0]
-    step = cluster.take()
-    cluster.ledger.claim(step.step_id, 0, "w", step.kind)
+    step = baseline_step(cluster)
+    cluster.ledger.claim(step.step_id, 0, "w", step.kind, step.sid)[0]
     state = cluster.ledger.complete(step.step_id, 0, "w", baseline_event())
     # jump the loop to IDEATE as if stored
     state.loop = state.loop.model_copy(update={"phase": Phase.IDEATE, "pending": None, "current_iter": 0})
@@ -151,7 +162,7 @@ def test_idea_hash_is_recorded_once_with_the_proposal(cluster: Cluster) -> None:
     cluster.client.hset(keys.step(rec.step_id), mapping={k: str(v) for k, v in rec.model_dump().items()})
     state.step_id = rec.step_id
     cluster.client.set(keys.shape(sid), state.model_dump_json())
-    cluster.ledger.claim(rec.step_id, 0, "w", rec.kind)
+    cluster.ledger.claim(rec.step_id, 0, "w", rec.kind, rec.sid)[0]
     idea = Idea(summary="s", tag="t", knobs={"TILE_M": 64}, content_hash="abcdef0123456789")
     cluster.ledger.complete(rec.step_id, 0, "w", Proposed(idea=idea))
     assert cluster.client.smembers(keys.ideas(sid)) == {"abcdef0123456789"}
@@ -161,8 +172,8 @@ def test_quarantine_releases_shapes_drops_gpu_steps_and_migrates(cluster: Cluste
     cluster.add_gpu("GPU-b")
     registry.set_status(cluster.client, "GPU-b", registry.QUARANTINED, "setup")
     sids = cluster.submit(2)
-    first = cluster.take()
-    cluster.ledger.claim(first.step_id, 0, "w", first.kind)
+    first, _second = baseline_step(cluster), baseline_step(cluster)
+    cluster.ledger.claim(first.step_id, 0, "w", first.kind, first.sid)[0]
     cluster.ledger.complete(first.step_id, 0, "w", baseline_event())  # that shape moves on to STORE
     registry.set_status(cluster.client, "GPU-b", registry.HEALTHY)
     cluster.published.clear()

@@ -1,0 +1,52 @@
+"""`python -m croqq.bench [--only writer,sweep,duty] [--out bench/results.json]`: every benchmark, one JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from croqq.bench import cluster_bench, writer_bench
+from croqq.logs import configure
+
+log = logging.getLogger("croqq.bench")
+PARTS = ("writer", "sweep", "duty")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m croqq.bench", description=__doc__)
+    parser.add_argument("--only", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
+    args = parser.parse_args()
+    parts = [p for p in args.only.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(PARTS)}")
+    configure("INFO")
+    results: dict[str, object] = {"machine": f"{platform.node()} {platform.machine()}",
+                                  "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    work = Path(tempfile.mkdtemp(prefix="croqq-bench-"))
+    try:
+        if "writer" in parts:
+            log.info("writer benchmark ...")
+            results |= writer_bench.run(work / "writer")
+        if "sweep" in parts:
+            log.info("control-plane sweep benchmark (268 shapes x 30 iterations, 8 simulated GPUs) ...")
+            results |= cluster_bench.sweep(work / "sweep")
+        if "duty" in parts:
+            log.info("GPU duty-cycle benchmark (4 simulated GPUs, pipelined vs sequential) ...")
+            results |= cluster_bench.duty_cycle(work / "duty")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
