@@ -52,13 +52,19 @@ class Settings(BaseSettings):
     sim_measure_s: float = 10.0
     sim_profile_s: float = 15.0
     proposer: Literal["search", "command"] = "search"
-    proposer_command: str = Field("", description="External agent command for proposer=command (JSON on stdin/out).")
+    proposer_command: str = Field(
+        "", description="External agent command for proposer=command (JSON on stdin/out)."
+    )
     dsl: str = "cuda"
 
     # -- scheduling -------------------------------------------------------------------------------
     pipeline_depth: int = Field(4, ge=1, le=64, description="Active shapes per GPU.")
-    profile_every: int = Field(10, ge=1, description="PROFILE every N iterations (plus iter 1, KEEPs, stalls).")
-    noise_margin: float = Field(0.015, ge=0, lt=1, description="Relative win needed before a KEEP is confirmed.")
+    profile_every: int = Field(
+        10, ge=1, description="PROFILE every N iterations (plus iter 1, KEEPs, stalls)."
+    )
+    noise_margin: float = Field(
+        0.015, ge=0, lt=1, description="Relative win needed before a KEEP is confirmed."
+    )
     ideate_rate_limit: str = Field("", description="Celery rate limit for the ideate task, e.g. '30/m'.")
     ideate_concurrency: int = Field(8, ge=1)
     build_concurrency: int = Field(2, ge=1)
@@ -74,10 +80,16 @@ class Settings(BaseSettings):
     compile_timeout_s: float = 300.0
     run_timeout_s: float = 120.0
     agent_timeout_s: float = 1800.0
-    health_wait_s: float = Field(30.0, ge=0, description="Wait this long for an unhealthy GPU before quarantine.")
-    gpu_offline_s: float = Field(60.0, gt=0, description="A GPU whose worker is gone this long releases its shapes.")
+    health_wait_s: float = Field(
+        30.0, ge=0, description="Wait this long for an unhealthy GPU before quarantine."
+    )
+    gpu_offline_s: float = Field(
+        60.0, gt=0, description="A GPU whose worker is gone this long releases its shapes."
+    )
     recheck_every_s: float = Field(30.0, gt=0, description="Re-probe quarantined GPUs this often.")
-    max_step_failures: int = Field(3, ge=1, description="Unexpected errors before a shape is parked as 'error'.")
+    max_step_failures: int = Field(
+        3, ge=1, description="Unexpected errors before a shape is parked as 'error'."
+    )
     task_events: bool = Field(False, description="Workers send task events (for Flower).")
     test_barriers: bool = Field(False, description="Steps block on croqq:barrier:<kind> keys (chaos tests).")
 
@@ -89,7 +101,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check(self) -> Settings:
         if self.proposer == "command" and not self.proposer_command.strip():
-            raise ConfigError("CROQQ_PROPOSER=command needs CROQQ_PROPOSER_COMMAND (the agent command to run)")
+            raise ConfigError(
+                "CROQQ_PROPOSER=command needs CROQQ_PROPOSER_COMMAND (the agent command to run)"
+            )
         if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
                 f"CROQQ_BROKER_URL={self.broker_url!r} is not a Redis URL; use redis://host:6379/0 or unix:///path"

@@ -37,7 +37,7 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 @pytest.fixture
 def cluster_env(tmp_path, redis_server, redis_client):  # type: ignore[no-untyped-def]
-    """CROQQ_* settings for a small, fast local cluster on the test's (emptied) Redis and a fresh results repo."""
+    """CROQQ_* settings for a small, fast local cluster on the test's (emptied) Redis and a fresh repo."""
     return {
         "CROQQ_BROKER_URL": redis_server.url,
         "CROQQ_RUN_DIR": str(tmp_path / "run"),

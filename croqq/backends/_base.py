@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from croqq.domain.decide import needs_confirmation
 from croqq.domain.knobs import Candidate
 from croqq.domain.manifest import Manifest
-from croqq.domain.records import BuildOutcome, Confirmation, MeasureResult, Measurement, Profile
+from croqq.domain.records import BuildOutcome, Confirmation, Measurement, MeasureResult, Profile
 from croqq.domain.shapes import Shape
 from croqq.probes._base import GpuProbe
 from croqq.settings import Settings
@@ -91,8 +91,9 @@ class Backend(ABC):
         confirmation = None
         if best_artifact is not None and needs_confirmation(cand, best_tflops, self.settings.noise_margin):
             confirmation = self.confirm(gpu, shape, artifact, best_artifact)
-        return MeasureResult(candidate=cand, confirmation=confirmation, rebased_best_tflops=rebased,
-                             gpu_uuid=gpu.uuid)
+        return MeasureResult(
+            candidate=cand, confirmation=confirmation, rebased_best_tflops=rebased, gpu_uuid=gpu.uuid
+        )
 
     def confirm(self, gpu: GpuContext, shape: Shape, artifact: str, best_artifact: str) -> Confirmation:
         cand_runs: list[float] = []

@@ -1,4 +1,4 @@
-"""`python -m croqq.bench [--only writer,sweep,duty] [--out bench/results.json]`: every benchmark, one JSON."""
+"""`python -m croqq.bench [--only writer,sweep,duty] [--out bench/results.json]`: all benchmarks."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ PARTS = ("writer", "sweep", "duty")
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m croqq.bench", description=__doc__)
-    parser.add_argument("--only", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    parser.add_argument(
+        "--only", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS)
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
     args = parser.parse_args()
     parts = [p for p in args.only.split(",") if p]
@@ -28,8 +30,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(PARTS)}")
     configure("INFO")
-    results: dict[str, object] = {"machine": f"{platform.node()} {platform.machine()}",
-                                  "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results: dict[str, object] = {
+        "machine": f"{platform.node()} {platform.machine()}",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     work = Path(tempfile.mkdtemp(prefix="croqq-bench-"))
     try:
         if "writer" in parts:

@@ -31,12 +31,16 @@ def _percentile(values: list[float], pct: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(pct / 100.0 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(pct / 100.0 * (len(ordered) - 1)))]
 
 
 def sweep(work: Path, gpus: int = 8, max_iter: int = 30) -> dict[str, float]:
-    env = {"CROQQ_RUN_DIR": str(work / "run"), "CROQQ_RESULTS_REPO": str(work / "results"),
-           "CROQQ_SIM_GPUS": str(gpus), "CROQQ_TIME_SCALE": "0"}
+    env = {
+        "CROQQ_RUN_DIR": str(work / "run"),
+        "CROQQ_RESULTS_REPO": str(work / "results"),
+        "CROQQ_SIM_GPUS": str(gpus),
+        "CROQQ_TIME_SCALE": "0",
+    }
     with LocalCluster(env, log_level="WARNING") as cluster:
         cluster.wait_gpus()
         start = time.monotonic()
@@ -59,11 +63,18 @@ def sweep(work: Path, gpus: int = 8, max_iter: int = 30) -> dict[str, float]:
 
 def _duty(work: Path, depth: int, gpus: int) -> float:
     env = {
-        "CROQQ_RUN_DIR": str(work / "run"), "CROQQ_RESULTS_REPO": str(work / "results"),
-        "CROQQ_SIM_GPUS": str(gpus), "CROQQ_TIME_SCALE": "0.01", "CROQQ_SIM_IDEATE_S": "60",
-        "CROQQ_SIM_IMPLEMENT_S": "20", "CROQQ_SIM_MEASURE_S": "10", "CROQQ_SIM_PROFILE_S": "15",
-        "CROQQ_PIPELINE_DEPTH": str(depth), "CROQQ_IDEATE_CONCURRENCY": str(max(4, 3 * depth * gpus // 2)),
-        "CROQQ_BUILD_CONCURRENCY": str(max(2, depth * gpus // 2)), "CROQQ_BUILD_POOL": "threads",
+        "CROQQ_RUN_DIR": str(work / "run"),
+        "CROQQ_RESULTS_REPO": str(work / "results"),
+        "CROQQ_SIM_GPUS": str(gpus),
+        "CROQQ_TIME_SCALE": "0.01",
+        "CROQQ_SIM_IDEATE_S": "60",
+        "CROQQ_SIM_IMPLEMENT_S": "20",
+        "CROQQ_SIM_MEASURE_S": "10",
+        "CROQQ_SIM_PROFILE_S": "15",
+        "CROQQ_PIPELINE_DEPTH": str(depth),
+        "CROQQ_IDEATE_CONCURRENCY": str(max(4, 3 * depth * gpus // 2)),
+        "CROQQ_BUILD_CONCURRENCY": str(max(2, depth * gpus // 2)),
+        "CROQQ_BUILD_POOL": "threads",
     }
     with LocalCluster(env, log_level="WARNING") as cluster:
         cluster.wait_gpus()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import typer
 
@@ -31,13 +29,16 @@ def coordinator(log_level: str = LogLevel) -> None:
     from croqq.cluster.boot import run_celery_worker
 
     _prepare(log_level)
-    run_celery_worker(load_settings(), "coordinator", queues.CONTROL, f"coordinator-{os.getpid()}", "solo", 1,
-                      log_level)
+    run_celery_worker(
+        load_settings(), "coordinator", queues.CONTROL, f"coordinator-{os.getpid()}", "solo", 1, log_level
+    )
 
 
 @app.command("build-worker")
 def build_worker(
-    concurrency: int = typer.Option(0, "-c", "--concurrency", help="Parallel compiles (default CROQQ_BUILD_CONCURRENCY)."),
+    concurrency: int = typer.Option(
+        0, "-c", "--concurrency", help="Parallel compiles (default CROQQ_BUILD_CONCURRENCY)."
+    ),
     log_level: str = LogLevel,
 ) -> None:
     """Run a build worker (queue `build`): materializes and compiles candidates. Run any number."""
@@ -45,13 +46,22 @@ def build_worker(
 
     _prepare(log_level)
     settings = load_settings()
-    run_celery_worker(settings, "build", queues.BUILD, f"build-{os.getpid()}", settings.build_pool,
-                      concurrency or settings.build_concurrency, log_level)
+    run_celery_worker(
+        settings,
+        "build",
+        queues.BUILD,
+        f"build-{os.getpid()}",
+        settings.build_pool,
+        concurrency or settings.build_concurrency,
+        log_level,
+    )
 
 
 @app.command("ideate-worker")
 def ideate_worker(
-    concurrency: int = typer.Option(0, "-c", "--concurrency", help="Parallel proposals (default CROQQ_IDEATE_CONCURRENCY)."),
+    concurrency: int = typer.Option(
+        0, "-c", "--concurrency", help="Parallel proposals (default CROQQ_IDEATE_CONCURRENCY)."
+    ),
     log_level: str = LogLevel,
 ) -> None:
     """Run an ideate worker (queue `ideate`): the proposer (search, or an external agent command)."""
@@ -59,19 +69,35 @@ def ideate_worker(
 
     _prepare(log_level)
     settings = load_settings()
-    run_celery_worker(settings, "ideate", queues.IDEATE, f"ideate-{os.getpid()}", "threads",
-                      concurrency or settings.ideate_concurrency, log_level)
+    run_celery_worker(
+        settings,
+        "ideate",
+        queues.IDEATE,
+        f"ideate-{os.getpid()}",
+        "threads",
+        concurrency or settings.ideate_concurrency,
+        log_level,
+    )
 
 
 @app.command()
 def writer(log_level: str = LogLevel) -> None:
-    """Run THE writer (queue `store`): the only process that commits to the results repo. A second one refuses."""
+    """Run THE writer (queue `store`), the only process that commits to the results repo; a second refuses."""
     from croqq.cluster.boot import run_celery_worker
 
     _prepare(log_level)
     settings = load_settings()
-    run_celery_worker(settings, "writer", queues.STORE, "writer", "solo", 1, log_level, singleton="writer",
-                      on_exit=_close_writer)
+    run_celery_worker(
+        settings,
+        "writer",
+        queues.STORE,
+        "writer",
+        "solo",
+        1,
+        log_level,
+        singleton="writer",
+        on_exit=_close_writer,
+    )
 
 
 def _close_writer() -> None:
@@ -121,7 +147,9 @@ def worker(
     children = gpu_children(gpus, settings, log_level)
     sup = Supervisor(children)
     sup.start_all()
-    typer.echo(f"started {len(children)} GPU worker(s); logs in {settings.run_dir / 'logs'}; Ctrl-C stops them")
+    typer.echo(
+        f"started {len(children)} GPU worker(s); logs in {settings.run_dir / 'logs'}; Ctrl-C stops them"
+    )
     _supervise_until_signal(sup)
 
 
@@ -144,7 +172,7 @@ def flower(
     port: int = typer.Option(5555, "--port"),
     address: str = typer.Option("127.0.0.1", "--address"),
 ) -> None:
-    """Run Flower (monitoring UI, Prometheus metrics at /metrics). Needs `pip install 'croqq\[flower]'`;
+    r"""Run Flower (monitoring UI, Prometheus metrics at /metrics). Needs `pip install 'croqq\[flower]'`;
     workers send task events when CROQQ_TASK_EVENTS=true."""
     from croqq.errors import ConfigError
 

@@ -40,8 +40,10 @@ def validate(
     for problem in problems:
         typer.echo(str(problem))
     if problems:
-        typer.echo(f"{len(problems)} problem(s); `croqq clean --dsl {dsl} --invalid-only` resets those shapes",
-                   err=True)
+        typer.echo(
+            f"{len(problems)} problem(s); `croqq clean --dsl {dsl} --invalid-only` resets those shapes",
+            err=True,
+        )
         raise typer.Exit(1)
     typer.echo("results repo is valid")
 
@@ -96,10 +98,11 @@ def _forget_live_state(settings, keys: list[str]) -> None:  # type: ignore[no-un
         require_redis(settings, timeout_s=1.0)
     except ConfigError:
         return
+    from croqq.cluster.redis_client import strs
     from croqq.cluster.state import ShapeState
 
     client = connect(settings)
-    for sid in list(client.smembers(rkeys.SHAPES)):
+    for sid in strs(client.smembers(rkeys.SHAPES)):
         if sid.rsplit("/", 1)[-1] not in keys:
             continue
         raw = client.get(rkeys.shape(sid))

@@ -16,7 +16,9 @@ from croqq.cli.view import render
 @app.command()
 def status(
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
-    submission: str | None = typer.Option(None, "--submission", help="Only this submission ('latest' for the newest)."),
+    submission: str | None = typer.Option(
+        None, "--submission", help="Only this submission ('latest' for the newest)."
+    ),
     every: float = typer.Option(1.0, "--every", min=0.1, help="Refresh period in seconds with --watch."),
 ) -> None:
     """Show where the cluster stands."""

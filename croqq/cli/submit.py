@@ -21,8 +21,19 @@ from croqq.settings import Settings
 
 def _dry_run(schedule: list[ScheduledShape], as_json: bool) -> None:
     if as_json:
-        rows = [{"key": s.key, "dtype": s.dtype, "m": s.m, "n": s.n, "k": s.k, "scenarios": s.scenarios,
-                 "region": s.region, "rank": s.rank} for s in schedule]
+        rows = [
+            {
+                "key": s.key,
+                "dtype": s.dtype,
+                "m": s.m,
+                "n": s.n,
+                "k": s.k,
+                "scenarios": s.scenarios,
+                "region": s.region,
+                "rank": s.rank,
+            }
+            for s in schedule
+        ]
         typer.echo(json.dumps(rows, indent=1))
         return
     table = Table(title=f"schedule: {len(schedule)} shape(s)")
@@ -58,9 +69,15 @@ def pick_gpu_type(settings: Settings, manifest: Manifest, requested: str | None)
 def submit(
     dtype: str = typer.Option(..., "--dtype", help="f16 | e4m3 | all (every dtype of the manifest)."),
     dsl: str = typer.Option("cuda", "--dsl", help="Kernel language (manifest 'dsls')."),
-    shape: str | None = typer.Option(None, "--shape", help="Only this MxNxK (must pass the size constraints)."),
-    mode: str = typer.Option("from_current_best", "--mode", help="from_current_best (30 iters) | from_scratch (150)."),
-    max_iter: int | None = typer.Option(None, "--max-iter", min=1, help="Override the mode's iteration count."),
+    shape: str | None = typer.Option(
+        None, "--shape", help="Only this MxNxK (must pass the size constraints)."
+    ),
+    mode: str = typer.Option(
+        "from_current_best", "--mode", help="from_current_best (30 iters) | from_scratch (150)."
+    ),
+    max_iter: int | None = typer.Option(
+        None, "--max-iter", min=1, help="Override the mode's iteration count."
+    ),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type, e.g. sm90_NVIDIA_H100_80GB_HBM3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule; enqueue nothing."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the schedule as a JSON list."),
@@ -90,8 +107,15 @@ def submit(
     )
 
 
-def register(settings: Settings, manifest: Manifest, schedule: list[ScheduledShape], dsl: str, mode: str,
-             max_iter: int, gpu: str | None) -> dict[str, object]:
+def register(
+    settings: Settings,
+    manifest: Manifest,
+    schedule: list[ScheduledShape],
+    dsl: str,
+    mode: str,
+    max_iter: int,
+    gpu: str | None,
+) -> dict[str, object]:
     """Register a schedule with the cluster (in-process coordinator) and trigger GPU filling."""
     from croqq.cluster.messages import SubmitMessage
     from croqq.cluster.redis_client import require_redis
@@ -100,8 +124,20 @@ def register(settings: Settings, manifest: Manifest, schedule: list[ScheduledSha
     require_redis(settings)
     gpu_type = pick_gpu_type(settings, manifest, gpu)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    msg = SubmitMessage(submission=f"sub-{stamp}-{secrets.token_hex(3)}", gpu_type=gpu_type, dsl=dsl, mode=mode,
-                        max_iter=max_iter, shapes=schedule)
+    msg = SubmitMessage(
+        submission=f"sub-{stamp}-{secrets.token_hex(3)}",
+        gpu_type=gpu_type,
+        dsl=dsl,
+        mode=mode,
+        max_iter=max_iter,
+        shapes=schedule,
+    )
     result = Runtime(settings).coordinator.submit(msg)
-    return {"submission": msg.submission, "gpu_type": gpu_type, "new": len(result.new),
-            "resumed": len(result.resumed), "reopened": len(result.reopened), "skipped": len(result.skipped)}
+    return {
+        "submission": msg.submission,
+        "gpu_type": gpu_type,
+        "new": len(result.new),
+        "resumed": len(result.resumed),
+        "reopened": len(result.reopened),
+        "skipped": len(result.skipped),
+    }

@@ -23,13 +23,21 @@ from croqq.cluster.local import LocalCluster
 def up(
     dtype: str | None = typer.Option(None, "--dtype", help="Also submit this dtype (f16 | e4m3 | all)."),
     shape: str | None = typer.Option(None, "--shape", help="With --dtype: only this MxNxK."),
-    max_iter: int | None = typer.Option(None, "--max-iter", min=1, help="With --dtype: iterations per shape."),
+    max_iter: int | None = typer.Option(
+        None, "--max-iter", min=1, help="With --dtype: iterations per shape."
+    ),
     mode: str = typer.Option("from_current_best", "--mode", help="from_current_best | from_scratch."),
-    sim_gpus: int | None = typer.Option(None, "--sim-gpus", min=1, help="Simulated GPUs (when NVML finds none)."),
-    exit_when_done: bool = typer.Option(False, "--exit-when-done", help="Stop the cluster once the submission is done."),
-    log_level: str = typer.Option("INFO", "--log-level", help="Level of the processes' logs (in <run dir>/logs)."),
+    sim_gpus: int | None = typer.Option(
+        None, "--sim-gpus", min=1, help="Simulated GPUs (when NVML finds none)."
+    ),
+    exit_when_done: bool = typer.Option(
+        False, "--exit-when-done", help="Stop the cluster once the submission is done."
+    ),
+    log_level: str = typer.Option(
+        "INFO", "--log-level", help="Level of the processes' logs (in <run dir>/logs)."
+    ),
 ) -> None:
-    """Start a whole local cluster (embedded Redis, simulated GPUs without NVML), optionally submit and watch."""
+    """Start a whole local cluster (embedded Redis, simulated GPUs without NVML); optionally submit, watch."""
     from croqq.domain.manifest import load_manifest
     from croqq.domain.schedule import build_schedule
     from croqq.domain.shapes import parse_dims
@@ -39,9 +47,11 @@ def up(
         manifest = load_manifest(settings.manifest)
         build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)
         manifest.mode(mode)
-    env = {"CROQQ_RUN_DIR": str(settings.run_dir.resolve()),
-           "CROQQ_RESULTS_REPO": str(settings.results_repo.resolve()),
-           "CROQQ_MANIFEST": str(settings.manifest.resolve())}
+    env = {
+        "CROQQ_RUN_DIR": str(settings.run_dir.resolve()),
+        "CROQQ_RESULTS_REPO": str(settings.results_repo.resolve()),
+        "CROQQ_MANIFEST": str(settings.manifest.resolve()),
+    }
     if sim_gpus:
         env["CROQQ_SIM_GPUS"] = str(sim_gpus)
     cluster = LocalCluster(env, log_level)
@@ -49,8 +59,10 @@ def up(
     interrupted = False
     cluster.start()
     try:
-        console.print(f"croqq cluster up: {len(cluster.gpu_names)} GPU worker(s), logs in "
-                      f"{cluster.settings.run_dir / 'logs'}; Ctrl-C stops it")
+        console.print(
+            f"croqq cluster up: {len(cluster.gpu_names)} GPU worker(s), logs in "
+            f"{cluster.settings.run_dir / 'logs'}; Ctrl-C stops it"
+        )
         submission = None
         if dtype:
             cluster.wait_gpus()

@@ -22,14 +22,21 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
     rows = [*sorted(snap.dtypes.items()), ("all", snap.total)]
     for name, p in rows:
         pct = 100.0 * p.iters_done / p.iters_total if p.iters_total else 0.0
-        shapes.add_row(name, str(p.done), str(p.active), str(p.pending), str(p.error),
-                       f"{p.iters_done}/{p.iters_total} ({pct:.1f}%)")
+        shapes.add_row(
+            name,
+            str(p.done),
+            str(p.active),
+            str(p.pending),
+            str(p.error),
+            f"{p.iters_done}/{p.iters_total} ({pct:.1f}%)",
+        )
     c = snap.counters
     rate = meter.rate if meter else 0.0
     eta = meter.eta_s(snap) if meter else None
     line = (
         f"{rate:.1f} iter/s   ETA {_duration(eta)}   KEEP {c.get('KEEP', 0)}  DISCARD {c.get('DISCARD', 0)}  "
-        f"FAIL {c.get('FAIL', 0)}  compile-failed {c.get('attempts', 0)}   re-dispatched {c.get('redispatch', 0)}  "
+        f"FAIL {c.get('FAIL', 0)}  compile-failed {c.get('attempts', 0)}   "
+        f"re-dispatched {c.get('redispatch', 0)}  "
         f"quarantines {c.get('quarantines', 0)}  migrations {c.get('migrations', 0)}"
     )
     gpus = Table(show_edge=False)
@@ -52,6 +59,11 @@ def summary_table(snap: Snapshot, limit: int = 20) -> Table:
     )
     for sid, s in ranked[:limit]:
         speedup = s.best_tflops / s.baseline_tflops if s.baseline_tflops else 0.0
-        table.add_row(sid.rsplit("/", 1)[-1], f"{s.current_iter}/{s.max_iter}", f"{s.baseline_tflops:.1f}",
-                      f"{s.best_tflops:.1f}", f"{speedup:.2f}x")
+        table.add_row(
+            sid.rsplit("/", 1)[-1],
+            f"{s.current_iter}/{s.max_iter}",
+            f"{s.baseline_tflops:.1f}",
+            f"{s.best_tflops:.1f}",
+            f"{speedup:.2f}x",
+        )
     return table

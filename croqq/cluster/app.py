@@ -14,7 +14,6 @@ from croqq.cluster import queues
 from croqq.cluster.redis_client import kombu_url
 from croqq.settings import Settings, get_settings
 
-
 FLUSH_EVERY_S = 5.0
 
 
@@ -47,7 +46,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
 
 def celery_config(settings: Settings) -> dict[str, object]:
     url = kombu_url(settings)
-    conf: dict[str, object] = dict(
+    conf: dict[str, object] = dict(  # noqa: C408 - keyword form reads like Celery's settings docs
         broker_url=url,
         task_serializer="json",
         accept_content=["json"],

@@ -39,11 +39,26 @@ def host_name() -> str:
     return "".join(c if c.isalnum() or c == "-" else "-" for c in raw) or "host"
 
 
-def celery_argv(queue: str, node: str, pool: str, concurrency: int, loglevel: str, prefetch: int = 1) -> list[str]:
+def celery_argv(
+    queue: str, node: str, pool: str, concurrency: int, loglevel: str, prefetch: int = 1
+) -> list[str]:
     return [
-        "worker", "-Q", queue, "-n", f"{node}@{host_name()}", "-P", pool, "-c", str(concurrency),
-        "--loglevel", loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "--prefetch-multiplier", str(prefetch),
+        "worker",
+        "-Q",
+        queue,
+        "-n",
+        f"{node}@{host_name()}",
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "--loglevel",
+        loglevel,
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--prefetch-multiplier",
+        str(prefetch),
     ]
 
 
@@ -105,7 +120,9 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
     os.environ[ENV_GPU_OWNER] = owner
     queue = queues.gpu_queue(host_name(), uuid)
-    entry = registry.GpuEntry(uuid=uuid, host=host_name(), index=index, gpu_type=gpu_type, queue=queue, owner=owner)
+    entry = registry.GpuEntry(
+        uuid=uuid, host=host_name(), index=index, gpu_type=gpu_type, queue=queue, owner=owner
+    )
     registry.register_gpu(client, entry)
     log.info("claimed GPU %s (%s) as %s; queue %s", uuid, gpu_type, owner, queue)
 
@@ -116,8 +133,17 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
 
     get_runtime().coordinator.fill(uuid)
     try:
-        run_celery_worker(settings, "gpu", queue, f"gpu{index}", "prefork", 1, loglevel, extra_beats=gpu_beat,
-                          prefetch=GPU_PREFETCH)
+        run_celery_worker(
+            settings,
+            "gpu",
+            queue,
+            f"gpu{index}",
+            "prefork",
+            1,
+            loglevel,
+            extra_beats=gpu_beat,
+            prefetch=GPU_PREFETCH,
+        )
     finally:
         lease.release()
 
@@ -125,8 +151,11 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
 def _renew_gpu(client: object, lease: Lease, entry: registry.GpuEntry) -> None:
     """Keep the GPU claimed; re-register it if Redis lost its registry (cold start)."""
     if not lease.renew() and not lease.try_acquire():
-        log.error("GPU %s lease is held by %s; this worker no longer measures on it", entry.uuid,
-                  lease.client.get(lease.key))
+        log.error(
+            "GPU %s lease is held by %s; this worker no longer measures on it",
+            entry.uuid,
+            lease.client.get(lease.key),
+        )
         return
     if not lease.client.exists(keys.gpu(entry.uuid)):
         registry.register_gpu(lease.client, entry)
@@ -145,8 +174,14 @@ def run_beat(settings: Settings, loglevel: str = "INFO") -> None:
     hb.add("lease", lambda: _renew_or_die(lease, "beat"))
     hb.start()
     try:
-        Beat(app=app, scheduler="celery.beat:Scheduler", max_interval=max(1, int(settings.reconcile_every_s)),
-             loglevel=loglevel, redirect_stdouts=False, quiet=True).run()
+        Beat(
+            app=app,
+            scheduler="celery.beat:Scheduler",
+            max_interval=max(1, int(settings.reconcile_every_s)),
+            loglevel=loglevel,
+            redirect_stdouts=False,
+            quiet=True,
+        ).run()
     finally:
         hb.stop()
         lease.release()

@@ -21,6 +21,7 @@ from croqq.cluster.ledger import Ledger, StepRecord
 from croqq.cluster.messages import SubmitMessage
 from croqq.cluster.persist import loop_from_checkpoint
 from croqq.cluster.queues import GPU_KINDS
+from croqq.cluster.redis_client import strs
 from croqq.cluster.state import ShapeState, make_sid
 from croqq.domain.fsm import Loop, Phase, Reopen, Start, transition
 from croqq.domain.manifest import Manifest
@@ -75,14 +76,21 @@ class Coordinator:
         pipe.execute()
         log.info(
             "submission %s: %d new, %d resumed, %d reopened, %d already complete",
-            msg.submission, len(report.new), len(report.resumed), len(report.reopened), len(report.skipped),
+            msg.submission,
+            len(report.new),
+            len(report.resumed),
+            len(report.reopened),
+            len(report.skipped),
         )
         self.fill_all(msg.gpu_type)
         return report
 
     def _new_loop(self, max_iter: int) -> Loop:
-        return Loop(max_iter=max_iter, profile_every=self.settings.profile_every,
-                    noise_margin=self.settings.noise_margin)
+        return Loop(
+            max_iter=max_iter,
+            profile_every=self.settings.profile_every,
+            noise_margin=self.settings.noise_margin,
+        )
 
     def _fresh_state(self, sid: str, entry: ScheduledShape, msg: SubmitMessage) -> tuple[ShapeState, str]:
         ckpt = self.checkpoints(msg.gpu_type, msg.dsl, entry.key) if self.checkpoints else None
@@ -92,9 +100,20 @@ class Coordinator:
             loop = loop_from_checkpoint(ckpt, self.settings, msg.max_iter)
             outcome = "skipped" if loop.phase == Phase.DONE else "resumed"
         state = ShapeState(
-            sid=sid, gpu_type=msg.gpu_type, dsl=msg.dsl, key=entry.key, dtype=entry.dtype, m=entry.m, n=entry.n,
-            k=entry.k, mode=ckpt.mode if ckpt else msg.mode, scenarios=entry.scenarios, region=entry.region,
-            rank=entry.rank, loop=loop, needs_rebase=loop.current_iter >= 0,
+            sid=sid,
+            gpu_type=msg.gpu_type,
+            dsl=msg.dsl,
+            key=entry.key,
+            dtype=entry.dtype,
+            m=entry.m,
+            n=entry.n,
+            k=entry.k,
+            mode=ckpt.mode if ckpt else msg.mode,
+            scenarios=entry.scenarios,
+            region=entry.region,
+            rank=entry.rank,
+            loop=loop,
+            needs_rebase=loop.current_iter >= 0,
         )
         return state, outcome
 
@@ -150,7 +169,7 @@ class Coordinator:
             placed += 1
 
     def _place_one(self, uuid: str, gpu_type: str, queue: str) -> Any:
-        """Move the best pending shape onto the GPU: a StepRecord to publish, _Skip, or None when full/empty."""
+        """Move the best pending shape onto the GPU: a StepRecord to publish, _Skip, or None (full/empty)."""
         pending_key, active_key = keys.pending(gpu_type), keys.active(uuid)
 
         def body(pipe: Any) -> Any:
@@ -174,7 +193,9 @@ class Coordinator:
             pipe.zrem(pending_key, sid)
             pipe.sadd(active_key, sid)
             state.gpu_uuid = uuid
-            record = self.ledger.plan_step(pipe, state, queue) if state.step_id is None else None
+            record: StepRecord | _Skip | None = None
+            if state.step_id is None:
+                record = self.ledger.plan_step(pipe, state, queue)
             record = record or _Skip()
             self.ledger.save_shape(pipe, state)
             log.info("%s assigned to GPU %s", state.key, uuid)
@@ -188,7 +209,7 @@ class Coordinator:
         """Stop using a GPU and release its shapes (they re-measure their best on their next GPU)."""
         registry.set_status(self.client, uuid, status, reason)
         moved = 0
-        for sid in sorted(self.client.smembers(keys.active(uuid))):
+        for sid in sorted(strs(self.client.smembers(keys.active(uuid)))):
             moved += self._evict(sid, uuid)
         registry_gpu = registry.get_gpu(self.client, uuid)
         self.client.hincrby(keys.STATS, "quarantines" if status == registry.QUARANTINED else "offline", 1)
@@ -223,8 +244,12 @@ class Coordinator:
 
     # -- cold start ------------------------------------------------------------------------------------
 
-    def rebuild_from_repo(self, runs: list[tuple[str, str]], state_keys: Callable[[str, str], list[str]],
-                          tried: Callable[[str, str, str], list[str]]) -> int:
+    def rebuild_from_repo(
+        self,
+        runs: list[tuple[str, str]],
+        state_keys: Callable[[str, str], list[str]],
+        tried: Callable[[str, str, str], list[str]],
+    ) -> int:
         """Recreate live state for every incomplete shape recorded in the results repo (Redis was emptied)."""
         if self.checkpoints is None:
             return 0
@@ -236,11 +261,23 @@ class Coordinator:
                 if ckpt is None:
                     continue
                 entry = ranks.get(key) or ScheduledShape(
-                    key=key, dtype=ckpt.dtype, m=ckpt.m, n=ckpt.n, k=ckpt.k, scenarios=ckpt.scenarios,
-                    region=ckpt.region, rank=len(ranks),
+                    key=key,
+                    dtype=ckpt.dtype,
+                    m=ckpt.m,
+                    n=ckpt.n,
+                    k=ckpt.k,
+                    scenarios=ckpt.scenarios,
+                    region=ckpt.region,
+                    rank=len(ranks),
                 )
-                msg = SubmitMessage(submission="rebuild", gpu_type=gpu_type, dsl=dsl, mode=ckpt.mode,
-                                    max_iter=ckpt.max_iter, shapes=[entry])
+                msg = SubmitMessage(
+                    submission="rebuild",
+                    gpu_type=gpu_type,
+                    dsl=dsl,
+                    mode=ckpt.mode,
+                    max_iter=ckpt.max_iter,
+                    shapes=[entry],
+                )
                 sid = make_sid(gpu_type, dsl, key)
                 if self._register(sid, entry, msg) == "resumed":
                     hashes = tried(gpu_type, dsl, key)

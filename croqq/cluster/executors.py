@@ -67,8 +67,13 @@ def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasur
         (measurement,) = rt.backend.measure(gpu, state.shape, [artifact])
         vendor = rt.backend.vendor_tflops(gpu, state.shape)
     guard.after_run(gpu, measurement)
-    return BaselineMeasured(knobs=knobs, measurement=measurement, vendor_tflops=vendor,
-                            run_command=rt.backend.run_command(state.shape, cand), artifact=artifact)
+    return BaselineMeasured(
+        knobs=knobs,
+        measurement=measurement,
+        vendor_tflops=vendor,
+        run_command=rt.backend.run_command(state.shape, cand),
+        artifact=artifact,
+    )
 
 
 def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
@@ -84,9 +89,15 @@ def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed:
     loop = state.loop
     spec = rt.manifest.dsl(state.dsl)
     ctx = ProposeContext(
-        shape=state.shape, dsl=state.dsl, gpu_type=state.gpu_type, iteration=loop.current_iter + 1,
-        knob_space=spec.knobs, best_knobs=loop.best_knobs or loop.seed_knobs, best_tflops=loop.best_tflops,
-        peak_tflops=rt.manifest.gpu(state.gpu_type).peak_tflops[state.dtype], strategy=loop.strategy,
+        shape=state.shape,
+        dsl=state.dsl,
+        gpu_type=state.gpu_type,
+        iteration=loop.current_iter + 1,
+        knob_space=spec.knobs,
+        best_knobs=loop.best_knobs or loop.seed_knobs,
+        best_tflops=loop.best_tflops,
+        peak_tflops=rt.manifest.gpu(state.gpu_type).peak_tflops[state.dtype],
+        strategy=loop.strategy,
         consecutive_discards=loop.consecutive_discards,
         bottleneck=loop.last_profile.bottleneck if loop.last_profile else "unknown",
         tried=sorted(rt.client.smembers(keys.ideas(state.sid))),
@@ -105,7 +116,9 @@ def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built:
         raise IllegalTransitionError(f"{state.key}: IMPLEMENT without an idea")
     else:
         cand = _candidate(rt, state, pending.idea.knobs)
-    return Built(build=rt.backend.build(state.shape, cand), run_command=rt.backend.run_command(state.shape, cand))
+    return Built(
+        build=rt.backend.build(state.shape, cand), run_command=rt.backend.run_command(state.shape, cand)
+    )
 
 
 def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
@@ -117,7 +130,12 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
     guard.gate(rt, gpu, f"measure {state.key} iter{loop.current_iter + 1:03d}")
     with guard.busy(rt, gpu):
         result = rt.backend.measure_candidate(
-            gpu, state.shape, pending.build.artifact, best_artifact, loop.best_tflops, rebase=state.needs_rebase
+            gpu,
+            state.shape,
+            pending.build.artifact,
+            best_artifact,
+            loop.best_tflops,
+            rebase=state.needs_rebase,
         )
     guard.after_run(gpu, result.candidate)
     return Measured(result=result)
@@ -126,8 +144,18 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
 def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored:
     req = store_request(rt.manifest, rt.settings, state, msg.epoch, msg.step_id)
     receipt = rt.writer.apply(req)
-    what = f"iter{req.round.iteration:03d}" if req.round else f"attempt{req.attempt.attempt_no if req.attempt else 0}"
-    log.info("%s %s %s as %s", state.key, what, "already stored" if receipt.duplicate else "stored", receipt.commit[:10])
+    what = (
+        f"iter{req.round.iteration:03d}"
+        if req.round
+        else f"attempt{req.attempt.attempt_no if req.attempt else 0}"
+    )
+    log.info(
+        "%s %s %s as %s",
+        state.key,
+        what,
+        "already stored" if receipt.duplicate else "stored",
+        receipt.commit[:10],
+    )
     return Stored(iteration=req.round.iteration if req.round else None)
 
 

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def _claim_for(rt: Runtime, gpu: GpuContext, what: str) -> None:
-    """Fencing: the GPU lease must still be this worker's; mark the GPU busy with ``what`` (one round trip)."""
+    """Fencing: the GPU lease must still be this worker's; mark the GPU busy with ``what`` (one trip)."""
     ident = rt.gpu_identity
     pipe = rt.client.pipeline(transaction=False)
     pipe.get(keys.lease(f"gpu:{ident.uuid}"))
@@ -44,7 +44,9 @@ def gate(rt: Runtime, gpu: GpuContext, what: str) -> GpuSnapshot:
             return health.snapshot
         reason = "; ".join(health.problems)
         if time.monotonic() >= deadline:
-            raise GpuUnavailableError(f"GPU {gpu.uuid} unhealthy for {rt.settings.health_wait_s:.0f}s: {reason}")
+            raise GpuUnavailableError(
+                f"GPU {gpu.uuid} unhealthy for {rt.settings.health_wait_s:.0f}s: {reason}"
+            )
         log.warning("GPU %s not ready for %s (%s); retrying in %.1fs", gpu.uuid, what, reason, delay)
         time.sleep(delay)
         delay = min(delay * 2, 5.0)

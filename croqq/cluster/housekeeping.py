@@ -14,8 +14,9 @@ import time
 from typing import Any
 
 from croqq.cluster import keys, registry
-from croqq.cluster.queues import TASK_GPU_RECHECK
 from croqq.cluster.ledger import StepRecord
+from croqq.cluster.queues import TASK_GPU_RECHECK
+from croqq.cluster.redis_client import strs, text
 from croqq.cluster.runtime import Runtime
 from croqq.cluster.state import ShapeState
 from croqq.domain.fsm import Phase
@@ -51,13 +52,13 @@ def reconcile(rt: Runtime) -> dict[str, int]:
 
 def republish_after_resets(rt: Runtime) -> int:
     """Steps still queued from before their queue's consumer died or restarted, or queued too long."""
-    queued = rt.client.zrange(keys.QUEUED, 0, -1, withscores=True)
+    queued: list[tuple[str, float]] = list(rt.client.zrange(keys.QUEUED, 0, -1, withscores=True))  # type: ignore[arg-type]
     if not queued:
         return 0
     pipe = rt.client.pipeline(transaction=False)
     for step_id, _ in queued:
         pipe.hget(keys.step(step_id), "queue")
-    step_queues = pipe.execute()
+    step_queues = [text(q) for q in pipe.execute()]
     resets: dict[str, float] = {}
     for queue in set(filter(None, step_queues)):
         raw = rt.client.get(keys.queue_reset(queue))
@@ -94,18 +95,22 @@ def recheck_quarantined(rt: Runtime) -> int:
     count = 0
     for gpu in registry.all_gpus(rt.client):
         if gpu.status == registry.QUARANTINED and rt.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
-            app.send_task(TASK_GPU_RECHECK, args=[{"gpu_uuid": gpu.uuid}], queue=gpu.queue,
-                          expires=rt.settings.recheck_every_s)
+            app.send_task(
+                TASK_GPU_RECHECK,
+                args=[{"gpu_uuid": gpu.uuid}],
+                queue=gpu.queue,
+                expires=rt.settings.recheck_every_s,
+            )
             count += 1
     return count
 
 
 def unstick_shapes(rt: Runtime) -> int:
     """Shapes that are neither done, nor stepping, nor waiting for a GPU get their next step planned."""
-    sids = sorted(rt.client.smembers(keys.SHAPES))
+    sids = sorted(strs(rt.client.smembers(keys.SHAPES)))
     fixed = 0
     for start in range(0, len(sids), 200):
-        batch = sids[start:start + 200]
+        batch = sids[start : start + 200]
         raws = rt.client.mget([keys.shape(s) for s in batch])
         for raw in raws:
             if raw and _stuck(rt, ShapeState.model_validate_json(raw)):

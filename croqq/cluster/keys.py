@@ -1,29 +1,29 @@
 """Every Redis key croqq uses, with its type and lifetime (the one place for key names).
 
-    croqq:shape:<sid>              string  JSON ShapeState: one shape's live loop (sid = <gpu type>/<dsl>/<key>)
-    croqq:shapes                   set     all sids ever submitted
-    croqq:summary                  hash    sid -> one-line JSON summary (status views read only this)
-    croqq:pending:<gpu type>       zset    sids waiting for a GPU, score = schedule rank (negative: resumed)
-    croqq:active:<gpu uuid>        set     sids assigned to a GPU (pipeline depth bounds its size)
-    croqq:ideas:<sid>              set     content hashes already proposed for a shape (dedup)
-    croqq:step:<step id>           hash    step ledger record: sid kind epoch status owner queue payload times
-    croqq:running                  zset    step ids running, score = lease deadline (heartbeats push it)
-    croqq:queued                   zset    step ids queued, score = last publish time
-    croqq:outbox                   zset    step ids committed but maybe not yet published, score = time
-    croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason current since
-    croqq:gpus                     set     all GPU uuids
-    croqq:lease:<name>             string  singleton/GPU lease: owner id, PX = TTL (renewed by heartbeat)
-    croqq:worker:<node>            hash    a worker process: queues pid host started
-    croqq:workers                  zset    worker nodes, score = last heartbeat
-    croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
-    croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch, ...)
-    croqq:overhead                 list    per-iteration control-plane overhead in ms (newest first, capped)
-    croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
-    croqq:submission:<id>          string  JSON list of the sids of one submit
-    croqq:submissions              list    submission ids, newest last
-    croqq:simfault:<uuid>          hash    simulated GPU faults: kind -> JSON {"until": ts|null, "value": int}
-    croqq:barrier:<name>           string  test barriers (a step blocks while the key exists)
-    croqq:tick:<name>              string  rate limiter for periodic housekeeping (PX = period)
+croqq:shape:<sid>              string  JSON ShapeState: one shape's live loop (sid = <gpu type>/<dsl>/<key>)
+croqq:shapes                   set     all sids ever submitted
+croqq:summary                  hash    sid -> one-line JSON summary (status views read only this)
+croqq:pending:<gpu type>       zset    sids waiting for a GPU, score = schedule rank (negative: resumed)
+croqq:active:<gpu uuid>        set     sids assigned to a GPU (pipeline depth bounds its size)
+croqq:ideas:<sid>              set     content hashes already proposed for a shape (dedup)
+croqq:step:<step id>           hash    step ledger record: sid kind epoch status owner queue payload times
+croqq:running                  zset    step ids running, score = lease deadline (heartbeats push it)
+croqq:queued                   zset    step ids queued, score = last publish time
+croqq:outbox                   zset    step ids committed but maybe not yet published, score = time
+croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason current since
+croqq:gpus                     set     all GPU uuids
+croqq:lease:<name>             string  singleton/GPU lease: owner id, PX = TTL (renewed by heartbeat)
+croqq:worker:<node>            hash    a worker process: queues pid host started
+croqq:workers                  zset    worker nodes, score = last heartbeat
+croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
+croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch, ...)
+croqq:overhead                 list    per-iteration control-plane overhead in ms (newest first, capped)
+croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
+croqq:submission:<id>          string  JSON list of the sids of one submit
+croqq:submissions              list    submission ids, newest last
+croqq:simfault:<uuid>          hash    simulated GPU faults: kind -> JSON {"until": ts|null, "value": int}
+croqq:barrier:<name>           string  test barriers (a step blocks while the key exists)
+croqq:tick:<name>              string  rate limiter for periodic housekeeping (PX = period)
 """
 
 from __future__ import annotations

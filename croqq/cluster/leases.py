@@ -18,6 +18,7 @@ from collections.abc import Callable
 import redis
 
 from croqq.cluster import keys
+from croqq.cluster.redis_client import text
 from croqq.errors import LeaseHeldError
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class Lease:
         deadline = time.monotonic() + wait_s
         while not self.try_acquire():
             if time.monotonic() >= deadline:
-                holder = self.client.get(self.key)
+                holder = text(self.client.get(self.key))
                 raise LeaseHeldError(
                     f"{what} is already held by {holder} (lease {self.key}); only one may run - stop it first"
                 )

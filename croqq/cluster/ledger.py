@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from croqq.cluster import keys
 from croqq.cluster.queues import GPU_KINDS, SHARED_QUEUE
+from croqq.cluster.redis_client import strs
 from croqq.cluster.state import ShapeState
 from croqq.domain.fsm import Measured, Phase, Proposed, Stored, decide_event, transition
 from croqq.errors import StaleStepError
@@ -43,6 +44,7 @@ PHASE_KIND = {
     Phase.IMPLEMENT: "implement",
     Phase.STORE: "store",
 }
+
 
 def step_kind(state: ShapeState) -> str | None:
     """The step the shape's phase calls for (BASELINE builds its seed on a build worker first)."""
@@ -172,8 +174,13 @@ class Ledger:
         state.step_seq += 1
         now = time.time()
         record = StepRecord(
-            step_id=f"{state.sid}#{state.step_seq}", sid=state.sid, kind=kind, epoch=0, status=QUEUED,
-            queue=queue, dispatched_at=now,
+            step_id=f"{state.sid}#{state.step_seq}",
+            sid=state.sid,
+            kind=kind,
+            epoch=0,
+            status=QUEUED,
+            queue=queue,
+            dispatched_at=now,
         )
         state.step_id = record.step_id
         self._write_step(pipe, record)
@@ -219,7 +226,9 @@ class Ledger:
 
     # -- the step protocol ----------------------------------------------------------------------------
 
-    def claim(self, step_id: str, epoch: int, owner: str, kind: str, sid: str) -> tuple[str, ShapeState | None]:
+    def claim(
+        self, step_id: str, epoch: int, owner: str, kind: str, sid: str
+    ) -> tuple[str, ShapeState | None]:
         """('ok', the shape's state) if this owner now runs the step; else (why not, None): 'missing',
         'stale' (another epoch or kind), 'running', 'done', 'dropped'."""
         now = time.time()
@@ -234,7 +243,9 @@ class Ledger:
 
     def heartbeat(self, step_id: str, owner: str) -> bool:
         deadline = time.time() + self.lease_ttl_s
-        return bool(self._heartbeat(keys=[keys.step(step_id), keys.RUNNING], args=[owner, repr(deadline), step_id]))
+        return bool(
+            self._heartbeat(keys=[keys.step(step_id), keys.RUNNING], args=[owner, repr(deadline), step_id])
+        )
 
     def complete(self, step_id: str, epoch: int, owner: str, event: Any) -> ShapeState:
         """Apply a step's result exactly once; publish the next step. Raises StaleStepError if not ours."""
@@ -249,7 +260,11 @@ class Ledger:
             state = self.load_shape(record0.sid, pipe)
             if record is None or state is None:
                 raise StaleStepError(f"step {step_id} or its shape vanished")
-            if (record.status, record.epoch, record.owner) != (RUNNING, epoch, owner) or state.step_id != step_id:
+            if (record.status, record.epoch, record.owner) != (
+                RUNNING,
+                epoch,
+                owner,
+            ) or state.step_id != step_id:
                 raise StaleStepError(
                     f"step {step_id} epoch {epoch} is stale (now {record.status} epoch {record.epoch})"
                 )
@@ -285,7 +300,9 @@ class Ledger:
                 hook(final)
         return final
 
-    def requeue(self, step_id: str, reason: str, expect_owner: str | None = None, only_expired: bool = False) -> bool:
+    def requeue(
+        self, step_id: str, reason: str, expect_owner: str | None = None, only_expired: bool = False
+    ) -> bool:
         """Put a running step back in its queue with epoch + 1 (worker gave it up or its lease expired).
 
         A GPU step whose shape lost its GPU is dropped instead; the shape then waits for a GPU.
@@ -323,8 +340,15 @@ class Ledger:
                     self.save_shape(pipe, state)
                 return None, True
             now = time.time()
-            new = record.model_copy(update={"epoch": record.epoch + 1, "status": QUEUED, "owner": "",
-                                            "queue": queue, "dispatched_at": now})
+            new = record.model_copy(
+                update={
+                    "epoch": record.epoch + 1,
+                    "status": QUEUED,
+                    "owner": "",
+                    "queue": queue,
+                    "dispatched_at": now,
+                }
+            )
             self._write_step(pipe, new)
             pipe.hincrby(keys.STATS, "redispatch", 1)
             return new, True
@@ -337,12 +361,12 @@ class Ledger:
 
     def expire_leases(self) -> int:
         """Re-queue every running step whose lease deadline has passed."""
-        expired = self.client.zrangebyscore(keys.RUNNING, "-inf", time.time())
+        expired = strs(self.client.zrangebyscore(keys.RUNNING, "-inf", time.time()))
         return sum(self.requeue(sid, "lease expired", only_expired=True) for sid in expired)
 
     def flush_outbox(self, older_than_s: float) -> int:
         """Publish steps whose publication may have been lost (crash between commit and send)."""
-        stale = self.client.zrangebyscore(keys.OUTBOX, "-inf", time.time() - older_than_s)
+        stale = strs(self.client.zrangebyscore(keys.OUTBOX, "-inf", time.time() - older_than_s))
         return self.republish(stale, "unpublished after commit")
 
     def republish(self, step_ids: Iterable[str], reason: str) -> int:

@@ -13,11 +13,10 @@ import secrets
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from croqq.cluster.supervise import Child, Supervisor
 from croqq.cluster.progress import Snapshot, snapshot, submission_sids
 from croqq.cluster.redis_server import RedisServer
+from croqq.cluster.supervise import Child, Supervisor
 from croqq.errors import ConfigError
 from croqq.settings import Settings
 
@@ -33,10 +32,12 @@ ROLES: dict[str, list[str]] = {
 def settings_from(env: dict[str, str]) -> Settings:
     """Settings from this process's CROQQ_* variables overlaid with ``env``."""
     merged = {k: v for k, v in os.environ.items() if k.startswith("CROQQ_")} | env
-    return Settings(**{k[len("CROQQ_"):].lower(): v for k, v in merged.items()})  # type: ignore[arg-type]
+    return Settings(**{k[len("CROQQ_") :].lower(): v for k, v in merged.items()})  # type: ignore[arg-type]
 
 
-def gpu_children(gpus: str, settings: Settings, log_level: str, env: dict[str, str] | None = None) -> list[Child]:
+def gpu_children(
+    gpus: str, settings: Settings, log_level: str, env: dict[str, str] | None = None
+) -> list[Child]:
     """One supervised `croqq gpu-worker` child per selected GPU, each with its own CUDA environment."""
     from croqq.cluster.runtime import ENV_GPU_INDEX, ENV_GPU_TYPE, ENV_GPU_UUID
     from croqq.probes import make_probe
@@ -55,17 +56,36 @@ def gpu_children(gpus: str, settings: Settings, log_level: str, env: dict[str, s
         found = [g for g in found if g.index in wanted]
     children = []
     for g in found:
-        gpu_env = {"CUDA_VISIBLE_DEVICES": g.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", ENV_GPU_UUID: g.uuid,
-                   ENV_GPU_INDEX: str(g.index), ENV_GPU_TYPE: g.gpu_type}
-        argv = [sys.executable, "-m", "croqq", "gpu-worker", "--uuid", g.uuid, "--index", str(g.index),
-                "--type", g.gpu_type, "--log-level", log_level]
+        gpu_env = {
+            "CUDA_VISIBLE_DEVICES": g.uuid,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            ENV_GPU_UUID: g.uuid,
+            ENV_GPU_INDEX: str(g.index),
+            ENV_GPU_TYPE: g.gpu_type,
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "croqq",
+            "gpu-worker",
+            "--uuid",
+            g.uuid,
+            "--index",
+            str(g.index),
+            "--type",
+            g.gpu_type,
+            "--log-level",
+            log_level,
+        ]
         logfile = settings.run_dir / "logs" / f"gpu{g.index}.log"
         children.append(Child(f"gpu{g.index}", argv, {**(env or {}), **gpu_env}, logfile))
     return children
 
 
 class LocalCluster:
-    def __init__(self, env: dict[str, str], log_level: str = "INFO", roles: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], log_level: str = "INFO", roles: dict[str, list[str]] | None = None
+    ) -> None:
         self.env = dict(env)
         self.log_level = log_level
         self.roles = ROLES if roles is None else roles
@@ -95,8 +115,10 @@ class LocalCluster:
     def children(self) -> list[Child]:
         logs = self.settings.run_dir / "logs"
         level = ["--log-level", self.log_level]
-        roles = [Child(name, [sys.executable, "-m", "croqq", *argv, *level], self.env, logs / f"{name}.log")
-                 for name, argv in self.roles.items()]
+        roles = [
+            Child(name, [sys.executable, "-m", "croqq", *argv, *level], self.env, logs / f"{name}.log")
+            for name, argv in self.roles.items()
+        ]
         gpus = gpu_children("all", self.settings, self.log_level, self.env)
         self.gpu_names = [g.name for g in gpus]
         return roles + gpus
@@ -138,16 +160,27 @@ class LocalCluster:
         want = len(self.gpu_names) if count is None else count
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            live = [g for g in registry.all_gpus(self.client) if self.client.exists(keys.lease(f"gpu:{g.uuid}"))]
+            live = [
+                g for g in registry.all_gpus(self.client) if self.client.exists(keys.lease(f"gpu:{g.uuid}"))
+            ]
             if len(live) >= want:
                 return
             self.poll()
             time.sleep(0.2)
-        raise ConfigError(f"only some of the {want} GPU workers registered within {timeout_s:.0f}s; see the logs")
+        raise ConfigError(
+            f"only some of the {want} GPU workers registered within {timeout_s:.0f}s; see the logs"
+        )
 
-    def submit(self, dtype: str, shape: str | None = None, max_iter: int | None = None,
-               mode: str = "from_current_best", gpu_type: str | None = None, limit: int | None = None) -> str:
-        """Register a submission (in-process coordinator; ``limit``: only the first N shapes); returns its id."""
+    def submit(
+        self,
+        dtype: str,
+        shape: str | None = None,
+        max_iter: int | None = None,
+        mode: str = "from_current_best",
+        gpu_type: str | None = None,
+        limit: int | None = None,
+    ) -> str:
+        """Register a submission (in-process coordinator; ``limit``: the first N shapes); return its id."""
         from croqq.cli.submit import pick_gpu_type
         from croqq.cluster.messages import SubmitMessage
         from croqq.domain.manifest import load_manifest
@@ -159,8 +192,11 @@ class LocalCluster:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
         msg = SubmitMessage(
             submission=f"sub-{stamp}-{secrets.token_hex(3)}",
-            gpu_type=pick_gpu_type(self.settings, manifest, gpu_type), dsl=self.settings.dsl, mode=mode,
-            max_iter=max_iter or manifest.mode(mode).max_iter, shapes=schedule,
+            gpu_type=pick_gpu_type(self.settings, manifest, gpu_type),
+            dsl=self.settings.dsl,
+            mode=mode,
+            max_iter=max_iter or manifest.mode(mode).max_iter,
+            shapes=schedule,
         )
         self.runtime().coordinator.submit(msg)
         return msg.submission
@@ -171,8 +207,13 @@ class LocalCluster:
     def poll(self) -> list[str]:
         return self.supervisor.poll() if self.supervisor is not None else []
 
-    def wait_done(self, submission: str, timeout_s: float,
-                  on_tick: Callable[[Snapshot], None] | None = None, every_s: float = 0.5) -> Snapshot:
+    def wait_done(
+        self,
+        submission: str,
+        timeout_s: float,
+        on_tick: Callable[[Snapshot], None] | None = None,
+        every_s: float = 0.5,
+    ) -> Snapshot:
         """Poll (restarting dead children) until the submission is finished; ConfigError on timeout."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -182,6 +223,8 @@ class LocalCluster:
             if snap.finished:
                 return snap
             if time.monotonic() > deadline:
-                raise ConfigError(f"submission {submission} not finished after {timeout_s:.0f}s: {snap.total}")
+                raise ConfigError(
+                    f"submission {submission} not finished after {timeout_s:.0f}s: {snap.total}"
+                )
             self.poll()
             time.sleep(every_s)

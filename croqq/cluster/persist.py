@@ -13,7 +13,7 @@ from croqq.domain.decide import BASELINE
 from croqq.domain.fsm import Loop, Phase
 from croqq.domain.knobs import make_candidate
 from croqq.domain.manifest import Manifest
-from croqq.domain.records import MeasureResult, Measurement
+from croqq.domain.records import Measurement, MeasureResult
 from croqq.errors import IllegalTransitionError
 from croqq.settings import Settings
 from croqq.store import paths
@@ -32,20 +32,42 @@ def _src_path(manifest: Manifest, state: ShapeState, iteration: int, tag: str) -
 def _checkpoint(manifest: Manifest, state: ShapeState, loop: Loop, status: str) -> Checkpoint:
     best_kernel = _src_path(manifest, state, loop.best_iter, loop.best_tag) if loop.best_iter >= 0 else ""
     return Checkpoint(
-        key=state.key, dtype=state.dtype, m=state.m, n=state.n, k=state.k, mode=state.mode,
-        max_iter=loop.max_iter, current_iter=loop.current_iter, best_iter=loop.best_iter,
-        best_tflops=loop.best_tflops, baseline_tflops=loop.baseline_tflops, best_kernel=best_kernel,
-        best_knobs=loop.best_knobs, seed_knobs=loop.seed_knobs, consecutive_discards=loop.consecutive_discards,
-        attempts=loop.attempts, keeps=loop.keeps, fails=loop.fails, status=status,  # type: ignore[arg-type]
-        scenarios=state.scenarios, region=state.region, last_updated=now_iso(),
+        key=state.key,
+        dtype=state.dtype,
+        m=state.m,
+        n=state.n,
+        k=state.k,
+        mode=state.mode,
+        max_iter=loop.max_iter,
+        current_iter=loop.current_iter,
+        best_iter=loop.best_iter,
+        best_tflops=loop.best_tflops,
+        baseline_tflops=loop.baseline_tflops,
+        best_kernel=best_kernel,
+        best_knobs=loop.best_knobs,
+        seed_knobs=loop.seed_knobs,
+        consecutive_discards=loop.consecutive_discards,
+        attempts=loop.attempts,
+        keeps=loop.keeps,
+        fails=loop.fails,
+        status=status,
+        scenarios=state.scenarios,
+        region=state.region,
+        last_updated=now_iso(),
     )
 
 
 def _state_entry(ckpt: Checkpoint) -> StateEntry:
     return StateEntry(
-        status=ckpt.status, current_iter=ckpt.current_iter, best_iter=ckpt.best_iter, best_tflops=ckpt.best_tflops,
-        baseline_tflops=ckpt.baseline_tflops, best_kernel=ckpt.best_kernel, mode=ckpt.mode,
-        scenarios=ckpt.scenarios, region=ckpt.region,
+        status=ckpt.status,
+        current_iter=ckpt.current_iter,
+        best_iter=ckpt.best_iter,
+        best_tflops=ckpt.best_tflops,
+        baseline_tflops=ckpt.baseline_tflops,
+        best_kernel=ckpt.best_kernel,
+        mode=ckpt.mode,
+        scenarios=ckpt.scenarios,
+        region=ckpt.region,
     )
 
 
@@ -58,7 +80,9 @@ def _after(state: ShapeState) -> Loop:
     return transition(state.loop, Stored(iteration=pending.iteration))
 
 
-def store_request(manifest: Manifest, settings: Settings, state: ShapeState, epoch: int, step_id: str) -> StoreRequest:
+def store_request(
+    manifest: Manifest, settings: Settings, state: ShapeState, epoch: int, step_id: str
+) -> StoreRequest:
     """What the writer commits for the shape's pending iteration or compile-failed attempt."""
     loop, pending = state.loop, state.loop.pending
     if loop.phase != Phase.STORE or pending is None:
@@ -68,40 +92,71 @@ def store_request(manifest: Manifest, settings: Settings, state: ShapeState, epo
     ckpt = _checkpoint(manifest, state, after, status)
     spec = manifest.dsl(state.dsl)
     common = {
-        "gpu": state.gpu_type, "dsl": state.dsl, "key": state.key, "family": manifest.dtypes[state.dtype].family,
-        "ext": spec.ext, "epoch": epoch, "step_id": step_id, "checkpoint": ckpt, "state": _state_entry(ckpt),
+        "gpu": state.gpu_type,
+        "dsl": state.dsl,
+        "key": state.key,
+        "family": manifest.dtypes[state.dtype].family,
+        "ext": spec.ext,
+        "epoch": epoch,
+        "step_id": step_id,
+        "checkpoint": ckpt,
+        "state": _state_entry(ckpt),
     }
     if pending.attempt_no is not None:
         assert pending.idea is not None and pending.build is not None
         attempt = AttemptRecord(
-            key=state.key, attempt_no=pending.attempt_no, after_iter=loop.current_iter, idea=pending.idea,
-            reason=pending.build.reason or "compile failed", log=pending.build.log[-4000:], epoch=epoch,
-            step_id=step_id, timestamp=now_iso(),
+            key=state.key,
+            attempt_no=pending.attempt_no,
+            after_iter=loop.current_iter,
+            idea=pending.idea,
+            reason=pending.build.reason or "compile failed",
+            log=pending.build.log[-4000:],
+            epoch=epoch,
+            step_id=step_id,
+            timestamp=now_iso(),
         )
-        return StoreRequest(kind="attempt", attempt=attempt, **common)  # type: ignore[arg-type]
+        return StoreRequest(kind="attempt", attempt=attempt, **common)
     iteration = pending.iteration
     assert iteration is not None
     knobs = pending.idea.knobs if pending.idea else loop.seed_knobs
     tag = pending.idea.tag if pending.idea else "baseline"
     source = make_candidate(manifest, state.dsl, state.shape, knobs).source
-    measure = pending.measure or MeasureResult(candidate=Measurement(outcome="crash", detail="no measurement"))
+    measure = pending.measure or MeasureResult(
+        candidate=Measurement(outcome="crash", detail="no measurement")
+    )
     profile = loop.last_profile if loop.profile_fresh else None
     best_source = ""
     if status == "done" and after.best_iter >= 0:
         best_source = make_candidate(manifest, state.dsl, state.shape, after.best_knobs).source
     round_ = RoundRecord(
-        key=state.key, iteration=iteration, decision=pending.decision or BASELINE, tflops=pending.tflops,
+        key=state.key,
+        iteration=iteration,
+        decision=pending.decision or BASELINE,
+        tflops=pending.tflops,
         hw_eff_pct=round(100.0 * pending.tflops / manifest.gpu(state.gpu_type).peak_tflops[state.dtype], 3),
-        best_before=pending.best_before, best_after=after.best_tflops,
-        kernel=_src_path(manifest, state, iteration, tag), knobs=knobs, idea=pending.idea, strategy=loop.strategy,
+        best_before=pending.best_before,
+        best_after=after.best_tflops,
+        kernel=_src_path(manifest, state, iteration, tag),
+        knobs=knobs,
+        idea=pending.idea,
+        strategy=loop.strategy,
         consecutive_discards=after.consecutive_discards,
         bottleneck=loop.last_profile.bottleneck if loop.last_profile else "unknown",
-        profile=profile, measure=measure, run_command=pending.run_command or "",
-        gpu_uuid=measure.gpu_uuid or (state.gpu_uuid or ""), epoch=epoch, step_id=step_id, timestamp=now_iso(),
+        profile=profile,
+        measure=measure,
+        run_command=pending.run_command or "",
+        gpu_uuid=measure.gpu_uuid or (state.gpu_uuid or ""),
+        epoch=epoch,
+        step_id=step_id,
+        timestamp=now_iso(),
     )
     return StoreRequest(
-        kind="iteration", round=round_, source=source, complete=status == "done", best_source=best_source,
-        **common,  # type: ignore[arg-type]
+        kind="iteration",
+        round=round_,
+        source=source,
+        complete=status == "done",
+        best_source=best_source,
+        **common,
     )
 
 
@@ -109,11 +164,20 @@ def loop_from_checkpoint(ckpt: Checkpoint, settings: Settings, max_iter: int | N
     """Resume a loop after its last stored iteration (PROFILE first: the GPU may be a different one)."""
     limit = max(max_iter or ckpt.max_iter, ckpt.max_iter)
     base = Loop(
-        max_iter=limit, profile_every=settings.profile_every, noise_margin=settings.noise_margin,
-        current_iter=ckpt.current_iter, best_iter=ckpt.best_iter, best_tflops=ckpt.best_tflops,
-        baseline_tflops=ckpt.baseline_tflops, best_knobs=ckpt.best_knobs, seed_knobs=ckpt.seed_knobs,
-        best_tag=_tag_of(ckpt.best_kernel), consecutive_discards=ckpt.consecutive_discards,
-        attempts=ckpt.attempts, keeps=ckpt.keeps, fails=ckpt.fails,
+        max_iter=limit,
+        profile_every=settings.profile_every,
+        noise_margin=settings.noise_margin,
+        current_iter=ckpt.current_iter,
+        best_iter=ckpt.best_iter,
+        best_tflops=ckpt.best_tflops,
+        baseline_tflops=ckpt.baseline_tflops,
+        best_knobs=ckpt.best_knobs,
+        seed_knobs=ckpt.seed_knobs,
+        best_tag=_tag_of(ckpt.best_kernel),
+        consecutive_discards=ckpt.consecutive_discards,
+        attempts=ckpt.attempts,
+        keeps=ckpt.keeps,
+        fails=ckpt.fails,
     )
     if ckpt.current_iter < 0:
         return base

@@ -71,7 +71,7 @@ def submission_sids(client: redis.Redis, submission: str | None) -> list[str] | 
 
 
 def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
-    raw = client.hgetall(keys.SUMMARY)
+    raw = {str(k): str(v) for k, v in client.hgetall(keys.SUMMARY).items()}
     chosen = raw if sids is None else {s: raw[s] for s in sids if s in raw}
     shapes = {sid: ShapeSummary.model_validate_json(v) for sid, v in chosen.items()}
     dtypes: dict[str, DtypeProgress] = {}
@@ -82,9 +82,15 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
         p.iters_total += s.max_iter + 1
     gpus = []
     for g in registry.all_gpus(client):
-        gpus.append(GpuProgress(uuid=g.uuid, status=g.status, current=g.current,
-                                active=int(client.scard(keys.active(g.uuid))),
-                                busy_s=stats.busy(client, g.uuid).get("busy_s", 0.0)))
+        gpus.append(
+            GpuProgress(
+                uuid=g.uuid,
+                status=g.status,
+                current=g.current,
+                active=int(client.scard(keys.active(g.uuid))),
+                busy_s=stats.busy(client, g.uuid).get("busy_s", 0.0),
+            )
+        )
     return Snapshot(at=time.time(), dtypes=dtypes, gpus=gpus, counters=stats.counters(client), shapes=shapes)
 
 

@@ -1,10 +1,10 @@
 """Every queue name, and which queue each step kind goes to.
 
-    control                 coordinator: submit, fill, reconcile
-    build                   IMPLEMENT (materialize + compile)
-    ideate                  IDEATE (the proposer; rate-limited)
-    store                   STORE (the single writer)
-    gpu.<host>.<gpu uuid>   BASELINE, PROFILE, MEASURE on one GPU (one worker process per GPU)
+control                 coordinator: submit, fill, reconcile
+build                   IMPLEMENT (materialize + compile)
+ideate                  IDEATE (the proposer; rate-limited)
+store                   STORE (the single writer)
+gpu.<host>.<gpu uuid>   BASELINE, PROFILE, MEASURE on one GPU (one worker process per GPU)
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ stalls croqq processes instead of crashing them.
 from __future__ import annotations
 
 import os
+from typing import Any
 from urllib.parse import quote
 
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError  # noqa: A004
+from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 from redis.retry import Retry
 
 from croqq.settings import Settings
@@ -34,8 +35,17 @@ def kombu_url(settings: Settings) -> str:
     """The broker URL in kombu's spelling (unix sockets are ``redis+socket://``)."""
     url = redis_url(settings)
     if url.startswith("unix://"):
-        return "redis+socket://" + url[len("unix://"):]
+        return "redis+socket://" + url[len("unix://") :]
     return url
+
+
+def strs(values: Any) -> list[str]:
+    """Redis replies as str (clients decode responses; this narrows redis-py's bytes | str types)."""
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+def text(value: Any) -> str | None:
+    return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
 
 def make_client(url: str, settings: Settings | None = None) -> redis.Redis:
@@ -53,7 +63,7 @@ def make_client(url: str, settings: Settings | None = None) -> redis.Redis:
         socket_timeout=30,
         socket_connect_timeout=5,
         health_check_interval=15,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 
@@ -78,7 +88,8 @@ def require_redis(settings: Settings, timeout_s: float = 3.0) -> None:
     except redis.RedisError as exc:
         shown = settings.resolved_broker_url()
         raise ConfigError(
-            f"cannot reach Redis at {shown} ({exc}); start a local cluster with `croqq up` or set CROQQ_BROKER_URL"
+            f"cannot reach Redis at {shown} ({exc}); "
+            "start a local cluster with `croqq up` or set CROQQ_BROKER_URL"
         ) from exc
     finally:
         probe.close()

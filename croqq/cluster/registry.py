@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict
 
 from croqq.cluster import keys
+from croqq.cluster.redis_client import strs
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ def get_gpu(client: redis.Redis, uuid: str) -> GpuEntry | None:
 
 
 def all_gpus(client: redis.Redis) -> list[GpuEntry]:
-    uuids = sorted(client.smembers(keys.GPUS))
+    uuids = sorted(strs(client.smembers(keys.GPUS)))
     pipe = client.pipeline(transaction=False)
     for uuid in uuids:
         pipe.hgetall(keys.gpu(uuid))
@@ -67,7 +70,12 @@ def set_current(client: redis.Redis, uuid: str, text: str) -> None:
 def register_worker(client: redis.Redis, node: str, queues: list[str], role: str) -> None:
     """Record a (re)started consumer; a restart may have lost a message its predecessor reserved."""
     now = time.time()
-    info = {"queues": json.dumps(queues), "pid": str(__import__("os").getpid()), "role": role, "started": str(now)}
+    info: dict[Any, Any] = {
+        "queues": json.dumps(queues),
+        "pid": str(os.getpid()),
+        "role": role,
+        "started": str(now),
+    }
     pipe = client.pipeline()
     pipe.hset(keys.worker(node), mapping=info)
     pipe.zadd(keys.WORKERS, {node: now})
@@ -88,7 +96,7 @@ def unregister_worker(client: redis.Redis, node: str) -> None:
 def reap_dead_workers(client: redis.Redis, ttl_s: float) -> list[str]:
     """Forget workers silent for longer than ``ttl_s``; mark their queues reset. Returns their names."""
     now = time.time()
-    dead = client.zrangebyscore(keys.WORKERS, "-inf", now - ttl_s)
+    dead = strs(client.zrangebyscore(keys.WORKERS, "-inf", now - ttl_s))
     for node in dead:
         raw = client.hget(keys.worker(node), "queues")
         for queue in json.loads(raw) if raw else []:
@@ -99,4 +107,4 @@ def reap_dead_workers(client: redis.Redis, ttl_s: float) -> list[str]:
 
 
 def live_workers(client: redis.Redis, ttl_s: float) -> list[str]:
-    return list(client.zrangebyscore(keys.WORKERS, time.time() - ttl_s, "+inf"))
+    return strs(client.zrangebyscore(keys.WORKERS, time.time() - ttl_s, "+inf"))

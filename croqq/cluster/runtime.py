@@ -8,18 +8,18 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import redis
 
 from croqq.cluster import stats
 from croqq.cluster.coordinator import Coordinator
-from croqq.cluster.ledger import Ledger, StepRecord
 from croqq.cluster.leases import Heartbeat, owner_id
+from croqq.cluster.ledger import Ledger, StepRecord
 from croqq.cluster.messages import StepMessage
 from croqq.cluster.queues import STEP_TASK
 from croqq.cluster.redis_client import connect
@@ -48,13 +48,15 @@ ENV_GPU_OWNER = "CROQQ_GPU_OWNER"
 def celery_publisher(record: StepRecord, celery: Celery | None = None) -> None:
     """Send a step's message (to this process's app unless another is given)."""
     if celery is None:
-        from croqq.cluster.app import app as celery
-    msg = StepMessage(step_id=record.step_id, epoch=record.epoch, sid=record.sid, kind=record.kind)  # type: ignore[arg-type]
+        from croqq.cluster.app import app
+
+        celery = app
+    msg = StepMessage(step_id=record.step_id, epoch=record.epoch, sid=record.sid, kind=record.kind)
     celery.send_task(STEP_TASK[record.kind], args=[msg.model_dump()], queue=record.queue)
 
 
 def publisher_for(settings: Settings) -> Callable[[StepRecord], None]:
-    """A publisher bound to its own app for ``settings`` (tools that talk to a cluster other than the env's)."""
+    """A publisher with its own app for ``settings`` (tools talking to a cluster other than the env's)."""
     from croqq.cluster.app import make_app
 
     celery = make_app(settings)
@@ -73,8 +75,12 @@ class GpuIdentity:
         uuid = os.environ.get(ENV_GPU_UUID)
         if not uuid:
             return None
-        return cls(uuid=uuid, index=int(os.environ.get(ENV_GPU_INDEX, "0")),
-                   gpu_type=os.environ.get(ENV_GPU_TYPE, ""), owner=os.environ.get(ENV_GPU_OWNER, ""))
+        return cls(
+            uuid=uuid,
+            index=int(os.environ.get(ENV_GPU_INDEX, "0")),
+            gpu_type=os.environ.get(ENV_GPU_TYPE, ""),
+            owner=os.environ.get(ENV_GPU_OWNER, ""),
+        )
 
 
 class Runtime:
@@ -133,7 +139,9 @@ class Runtime:
     def gpu_identity(self) -> GpuIdentity:
         ident = GpuIdentity.from_env()
         if ident is None:
-            raise ConfigError(f"this process serves no GPU ({ENV_GPU_UUID} is unset); start it with `croqq worker`")
+            raise ConfigError(
+                f"this process serves no GPU ({ENV_GPU_UUID} is unset); start it with `croqq worker`"
+            )
         return ident
 
     @cached_property
@@ -148,7 +156,9 @@ class Runtime:
         from croqq.store.gitrepo import GitRepo
         from croqq.store.writer import ResultsWriter
 
-        repo = GitRepo(Path(self.settings.results_repo), self.settings.results_branch, self.settings.sync_worktree)
+        repo = GitRepo(
+            Path(self.settings.results_repo), self.settings.results_branch, self.settings.sync_worktree
+        )
         removed = repo.remove_stale_locks()  # safe: this process holds the writer lease
         if removed:
             log.warning("removed stale git lock file(s) left by a killed writer: %s", ", ".join(removed))

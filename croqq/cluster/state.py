@@ -78,9 +78,15 @@ class ShapeState(BaseModel):
     def summary_json(self) -> str:
         loop = self.loop
         return ShapeSummary(
-            status=self.status, phase=loop.phase, dtype=self.dtype, current_iter=loop.current_iter,
-            max_iter=loop.max_iter, best_tflops=round(loop.best_tflops, 3),
-            baseline_tflops=round(loop.baseline_tflops, 3), gpu=self.gpu_uuid or "", error=self.error[:200],
+            status=self.status,
+            phase=loop.phase,
+            dtype=self.dtype,
+            current_iter=loop.current_iter,
+            max_iter=loop.max_iter,
+            best_tflops=round(loop.best_tflops, 3),
+            baseline_tflops=round(loop.baseline_tflops, 3),
+            gpu=self.gpu_uuid or "",
+            error=self.error[:200],
         ).model_dump_json()
 
     def pending_score(self) -> float:

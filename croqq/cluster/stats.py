@@ -1,9 +1,9 @@
 """Counters for progress, status and benchmarks, updated inside the ledger's STORE transaction.
 
-    croqq:stats             hash: stored, stored:<dtype>, attempts, KEEP, DISCARD, FAIL, BASELINE,
-                            redispatch, quarantines, migrations, offline
-    croqq:overhead          list: per-iteration control-plane overhead in ms (newest first, capped)
-    croqq:gpu_busy:<uuid>   hash: busy_s, steps, first, last (duty cycle)
+croqq:stats             hash: stored, stored:<dtype>, attempts, KEEP, DISCARD, FAIL, BASELINE,
+                        redispatch, quarantines, migrations, offline
+croqq:overhead          list: per-iteration control-plane overhead in ms (newest first, capped)
+croqq:gpu_busy:<uuid>   hash: busy_s, steps, first, last (duty cycle)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
 
 
 def record_busy(client: redis.Redis, uuid: str, start: float, end: float, clear_current: str = "") -> None:
-    """Add a busy interval to the GPU's totals (and clear its 'current step' field, in the same round trip)."""
+    """Add a busy interval to the GPU's totals (and clear its 'current step', in the same round trip)."""
     pipe = client.pipeline(transaction=False)
     if clear_current:
         pipe.hset(clear_current, mapping={"current": "", "since": repr(end)})
@@ -49,7 +49,7 @@ def record_busy(client: redis.Redis, uuid: str, start: float, end: float, clear_
 
 
 def counters(client: redis.Redis) -> dict[str, int]:
-    return {k: int(v) for k, v in client.hgetall(keys.STATS).items()}
+    return {str(k): int(v) for k, v in client.hgetall(keys.STATS).items()}
 
 
 def overhead_samples(client: redis.Redis) -> list[float]:
@@ -57,4 +57,4 @@ def overhead_samples(client: redis.Redis) -> list[float]:
 
 
 def busy(client: redis.Redis, uuid: str) -> dict[str, float]:
-    return {k: float(v) for k, v in client.hgetall(keys.gpu_busy(uuid)).items()}
+    return {str(k): float(v) for k, v in client.hgetall(keys.gpu_busy(uuid)).items()}

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def wait_barrier(rt: Runtime, name: str, step_id: str) -> None:
-    """Test hook: while ``croqq:barrier:<name>`` exists, report arrival and block (chaos tests kill us here)."""
+    """Test hook: while ``croqq:barrier:<name>`` exists, report arrival and block (chaos tests kill here)."""
     if not rt.settings.test_barriers or not rt.client.exists(keys.barrier(name)):
         return
     import os
@@ -110,7 +110,9 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
         return "quarantined", None
     except RetryableError as exc:
         log.warning("%s %s: retryable fault: %s", msg.kind, msg.step_id, exc)
-        rt.ledger.fail(msg.step_id, rt.owner, str(exc), terminal=False, max_failures=rt.settings.max_step_failures)
+        rt.ledger.fail(
+            msg.step_id, rt.owner, str(exc), terminal=False, max_failures=rt.settings.max_step_failures
+        )
         return "requeued", None
     except TerminalError as exc:
         log.error("%s %s: %s", msg.kind, msg.step_id, exc)
@@ -118,6 +120,11 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
         return "failed", None
     except Exception as exc:
         log.exception("%s %s crashed", msg.kind, msg.step_id)
-        rt.ledger.fail(msg.step_id, rt.owner, f"{type(exc).__name__}: {exc}", terminal=False,
-                       max_failures=rt.settings.max_step_failures)
+        rt.ledger.fail(
+            msg.step_id,
+            rt.owner,
+            f"{type(exc).__name__}: {exc}",
+            terminal=False,
+            max_failures=rt.settings.max_step_failures,
+        )
         return "requeued", None

@@ -5,6 +5,7 @@ warm shutdown, then SIGKILL of the whole process group after a grace period).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -47,7 +48,11 @@ class Supervisor:
         out = child.logfile.open("ab")
         env = {**os.environ, **child.env}
         child.popen = subprocess.Popen(
-            child.argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            child.argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         out.close()
@@ -103,8 +108,6 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop within %.0fs; killing it", child.name, grace_s)
             if child.pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(child.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
             child.popen.wait()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from croqq.domain.records import MeasureResult, Measurement
+from croqq.domain.records import Measurement, MeasureResult
 
 KEEP = "KEEP"
 DISCARD = "DISCARD"

@@ -2,10 +2,11 @@
 
     INIT -> BASELINE -> STORE -> [PROFILE] -> IDEATE -> IMPLEMENT -> MEASURE -> DECIDE -> STORE -> ... -> DONE
                                                            |  compile failure
-                                                           +-> STORE(attempt) -> IDEATE   (no iteration id used)
+                                                           +-> STORE(attempt) -> IDEATE  (no iteration id)
 
-- BASELINE first builds the seed kernel (``Built``, on a build worker), then measures it (``BaselineMeasured``,
-  on the GPU); a seed that does not build is an error of the manifest, not a candidate outcome.
+- BASELINE first builds the seed kernel (``Built``, on a build worker), then measures it
+  (``BaselineMeasured``, on the GPU); a seed that does not build is an error of the manifest, not a
+  candidate outcome.
 - PROFILE runs before iteration 1, every ``profile_every`` iterations, after a KEEP and at 3 consecutive
   non-KEEPs (a stall).
 - Consecutive non-KEEPs are a strategy signal, never a stop: 5 escalates the proposer, 10 goes radical.
@@ -21,7 +22,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from croqq.domain.decide import BASELINE, KEEP, counted_tflops, decide
-from croqq.domain.records import BuildOutcome, Idea, MeasureResult, Measurement, Profile, Strategy
+from croqq.domain.records import BuildOutcome, Idea, Measurement, MeasureResult, Profile, Strategy
 from croqq.errors import IllegalTransitionError
 
 STALL_PROFILE = 3
@@ -86,7 +87,9 @@ class Decided(_Event):
 
 class Stored(_Event):
     type: Literal["stored"] = "stored"
-    iteration: int | None = Field(None, description="The stored iteration id; None for a compile-failed attempt.")
+    iteration: int | None = Field(
+        None, description="The stored iteration id; None for a compile-failed attempt."
+    )
 
 
 class Reopen(_Event):
@@ -157,7 +160,9 @@ class Loop(BaseModel):
 
 
 def _illegal(loop: Loop, event: _Event) -> IllegalTransitionError:
-    return IllegalTransitionError(f"event {getattr(event, 'type', event)!r} is not accepted in phase {loop.phase}")
+    return IllegalTransitionError(
+        f"event {getattr(event, 'type', event)!r} is not accepted in phase {loop.phase}"
+    )
 
 
 def _profile_due_after(loop: Loop, decision: str) -> bool:
@@ -189,8 +194,13 @@ def _baseline(loop: Loop, ev: BaselineMeasured) -> Loop:
         run_command=ev.run_command,
     )
     return loop.model_copy(
-        update={"phase": Phase.STORE, "pending": pending, "seed_knobs": ev.knobs, "vendor_tflops": ev.vendor_tflops,
-                "best_artifact": ev.artifact}
+        update={
+            "phase": Phase.STORE,
+            "pending": pending,
+            "seed_knobs": ev.knobs,
+            "vendor_tflops": ev.vendor_tflops,
+            "best_artifact": ev.artifact,
+        }
     )
 
 
@@ -201,9 +211,13 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
     if pending.attempt_no is not None:  # a compile failure: no iteration id consumed
         if ev.iteration is not None:
             raise IllegalTransitionError(f"an attempt was stored as iteration {ev.iteration}")
-        return loop.model_copy(update={"phase": Phase.IDEATE, "pending": None, "attempts": pending.attempt_no})
+        return loop.model_copy(
+            update={"phase": Phase.IDEATE, "pending": None, "attempts": pending.attempt_no}
+        )
     if ev.iteration != pending.iteration:
-        raise IllegalTransitionError(f"stored iteration {ev.iteration} but iteration {pending.iteration} was pending")
+        raise IllegalTransitionError(
+            f"stored iteration {ev.iteration} but iteration {pending.iteration} was pending"
+        )
     if pending.iteration == 0:
         updated = loop.model_copy(
             update={
@@ -228,8 +242,13 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
         "fails": loop.fails + int(decision.startswith("FAIL_")),
     }
     if keep and idea is not None:
-        update |= {"best_iter": pending.iteration, "best_tflops": pending.tflops, "best_knobs": idea.knobs,
-                   "best_tag": idea.tag, "best_artifact": pending.build.artifact if pending.build else ""}
+        update |= {
+            "best_iter": pending.iteration,
+            "best_tflops": pending.tflops,
+            "best_knobs": idea.knobs,
+            "best_tag": idea.tag,
+            "best_artifact": pending.build.artifact if pending.build else "",
+        }
     elif pending.measure is not None and pending.measure.rebased_best_tflops is not None:
         update["best_tflops"] = pending.measure.rebased_best_tflops
     updated = loop.model_copy(update=update)
@@ -243,13 +262,20 @@ def transition(loop: Loop, event: _Event) -> Loop:
         return loop.model_copy(update={"phase": Phase.BASELINE})
     if isinstance(event, Built) and phase == Phase.BASELINE and loop.pending is None:
         if not event.build.ok:
-            raise IllegalTransitionError(f"the seed kernel does not build: {event.build.reason or 'compile error'}")
+            raise IllegalTransitionError(
+                f"the seed kernel does not build: {event.build.reason or 'compile error'}"
+            )
         return loop.model_copy(update={"pending": Pending(build=event.build, run_command=event.run_command)})
     if isinstance(event, BaselineMeasured) and phase == Phase.BASELINE:
         return _baseline(loop, event)
     if isinstance(event, Profiled) and phase == Phase.PROFILE:
         return loop.model_copy(
-            update={"phase": Phase.IDEATE, "profile_due": False, "last_profile": event.profile, "profile_fresh": True}
+            update={
+                "phase": Phase.IDEATE,
+                "profile_due": False,
+                "last_profile": event.profile,
+                "profile_fresh": True,
+            }
         )
     if isinstance(event, Proposed) and phase == Phase.IDEATE:
         return loop.model_copy(update={"phase": Phase.IMPLEMENT, "pending": Pending(idea=event.idea)})
@@ -260,20 +286,28 @@ def transition(loop: Loop, event: _Event) -> Loop:
         attempt = loop.pending.model_copy(update={"build": event.build, "attempt_no": loop.attempts + 1})
         return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})
     if isinstance(event, Measured) and phase == Phase.MEASURE and loop.pending is not None:
-        best = event.result.rebased_best_tflops if event.result.rebased_best_tflops is not None else loop.best_tflops
+        best = (
+            event.result.rebased_best_tflops
+            if event.result.rebased_best_tflops is not None
+            else loop.best_tflops
+        )
         pending = loop.pending.model_copy(
             update={"measure": event.result, "tflops": counted_tflops(event.result), "best_before": best}
         )
         return loop.model_copy(update={"phase": Phase.DECIDE, "pending": pending})
     if isinstance(event, Decided) and phase == Phase.DECIDE and loop.pending is not None:
-        pending = loop.pending.model_copy(update={"decision": event.decision, "iteration": loop.current_iter + 1})
+        pending = loop.pending.model_copy(
+            update={"decision": event.decision, "iteration": loop.current_iter + 1}
+        )
         return loop.model_copy(update={"phase": Phase.STORE, "pending": pending})
     if isinstance(event, Stored) and phase == Phase.STORE:
         return _stored(loop, event)
     if isinstance(event, Reopen) and phase == Phase.DONE:
         if event.max_iter <= loop.current_iter:
             raise IllegalTransitionError(f"reopen needs max_iter > {loop.current_iter}, got {event.max_iter}")
-        return loop.model_copy(update={"phase": Phase.PROFILE, "max_iter": event.max_iter, "profile_due": False})
+        return loop.model_copy(
+            update={"phase": Phase.PROFILE, "max_iter": event.max_iter, "profile_due": False}
+        )
     raise _illegal(loop, event)
 
 

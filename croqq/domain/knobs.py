@@ -35,7 +35,9 @@ def check_knobs(spec: DslSpec, knobs: dict[str, int]) -> None:
     unknown = sorted(set(knobs) - set(spec.knobs))
     missing = sorted(set(spec.knobs) - set(knobs))
     if unknown or missing:
-        raise ConfigError(f"knobs must be exactly {sorted(spec.knobs)} (unknown {unknown}, missing {missing})")
+        raise ConfigError(
+            f"knobs must be exactly {sorted(spec.knobs)} (unknown {unknown}, missing {missing})"
+        )
     for name, value in knobs.items():
         if value not in spec.knobs[name]:
             raise ConfigError(f"knob {name}={value} is not one of {spec.knobs[name]}")
@@ -64,7 +66,9 @@ def make_candidate(manifest: Manifest, dsl: str, shape: Shape, knobs: dict[str, 
     check_knobs(spec, knobs)
     source = render_source(manifest, dsl, shape, knobs)
     digest = hashlib.sha256(source.encode()).hexdigest()
-    return Candidate(dsl=dsl, dtype=shape.dtype, knobs=dict(sorted(knobs.items())), source=source, content_hash=digest)
+    return Candidate(
+        dsl=dsl, dtype=shape.dtype, knobs=dict(sorted(knobs.items())), source=source, content_hash=digest
+    )
 
 
 def seed_knobs(manifest: Manifest, dsl: str, dtype: str, seed: str) -> dict[str, int]:

@@ -89,10 +89,14 @@ class DslSpec(_Strict):
             for seed_name in ("reference", "naive"):
                 seed = getattr(kernel, seed_name)
                 if set(seed) != set(self.knobs):
-                    raise ValueError(f"{dtype} {seed_name} kernel must set exactly the knobs {sorted(self.knobs)}")
+                    raise ValueError(
+                        f"{dtype} {seed_name} kernel must set exactly the knobs {sorted(self.knobs)}"
+                    )
                 for knob, value in seed.items():
                     if value not in self.knobs[knob]:
-                        raise ValueError(f"{dtype} {seed_name} kernel: {knob}={value} is not one of {self.knobs[knob]}")
+                        raise ValueError(
+                            f"{dtype} {seed_name} kernel: {knob}={value} is not one of {self.knobs[knob]}"
+                        )
         return self
 
 
@@ -133,7 +137,8 @@ class Manifest(_Strict):
     def gpu(self, name: str) -> GpuSpec:
         if name not in self.gpus:
             raise ConfigError(
-                f"GPU type {name!r} has no entry in the manifest's 'gpus' (peak TFLOPS); add one to kernels/manifest.json"
+                f"GPU type {name!r} has no entry in the manifest's 'gpus' (peak TFLOPS); "
+                "add one to kernels/manifest.json"
             )
         return self.gpus[name]
 

@@ -79,7 +79,7 @@ class Confirmation(_Record):
 
 
 class MeasureResult(_Record):
-    """MEASURE's result: the candidate, an optional confirmation, and the best re-measured after a migration."""
+    """MEASURE's result: the candidate, an optional confirmation, the best re-measured after a migration."""
 
     candidate: Measurement
     confirmation: Confirmation | None = None

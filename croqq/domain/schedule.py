@@ -64,7 +64,9 @@ def region_of(manifest: Manifest, m: int, n: int, k: int) -> str:
 def log_distance(manifest: Manifest, m: int, n: int, k: int) -> float:
     rm, rn, rk = manifest.reference_shape
     return math.sqrt(
-        (math.log2(m) - math.log2(rm)) ** 2 + (math.log2(n) - math.log2(rn)) ** 2 + (math.log2(k) - math.log2(rk)) ** 2
+        (math.log2(m) - math.log2(rm)) ** 2
+        + (math.log2(n) - math.log2(rn)) ** 2
+        + (math.log2(k) - math.log2(rk)) ** 2
     )
 
 

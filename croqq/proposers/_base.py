@@ -53,7 +53,8 @@ def slug(text: str) -> str:
 
 
 class Proposer(ABC):
-    """Implementations: :class:`croqq.proposers.search.SearchProposer`, :class:`croqq.proposers.command.CommandProposer`."""
+    """Where ideas come from: :class:`~croqq.proposers.search.SearchProposer` (a search strategy) or
+    :class:`~croqq.proposers.command.CommandProposer` (an external agent command)."""
 
     name: str = "base"
 
@@ -65,7 +66,9 @@ class Proposer(ABC):
     def propose(self, ctx: ProposeContext) -> Idea:
         """A new idea for this shape: its content hash must not be in ``ctx.tried``."""
 
-    def make_idea(self, ctx: ProposeContext, knobs: dict[str, int], summary: str, tag: str | None = None) -> Idea:
+    def make_idea(
+        self, ctx: ProposeContext, knobs: dict[str, int], summary: str, tag: str | None = None
+    ) -> Idea:
         """Validate the knobs and turn them into an Idea with its content hash."""
         cand = make_candidate(self.manifest, ctx.dsl, ctx.shape, knobs)
         return Idea(

@@ -1,17 +1,17 @@
 """Every path inside the results repo, built in one place (all repo-relative, POSIX separators).
 
-    tuning/<gpu>/<dsl>/state.json
-    tuning/<gpu>/<dsl>/compaction-summary.md
-    tuning/<gpu>/<dsl>/logs/<key>/results.tsv
-    tuning/<gpu>/<dsl>/logs/<key>/attempts.jsonl
-    tuning/<gpu>/<dsl>/checkpoints/<key>.json
-    tuning/<gpu>/<dsl>/memory/<key>/rounds.raw.jsonl
-    tuning/<gpu>/<dsl>/memory/<key>/rounds.md
-    tuning/<gpu>/<dsl>/memory/<key>/ideas.jsonl
-    tuning/<gpu>/<dsl>/srcs/<key>/iter<NNN>_<tag>.<ext>
-    tuning/<gpu>/<dsl>/perf/<key>/timing_iter<NNN>.txt
-    tuning/<gpu>/<dsl>/perf/<key>/profile_iter<NNN>.txt
-    kernels/<family>_<dtype>/<key>_best.<ext>
+tuning/<gpu>/<dsl>/state.json
+tuning/<gpu>/<dsl>/compaction-summary.md
+tuning/<gpu>/<dsl>/logs/<key>/results.tsv
+tuning/<gpu>/<dsl>/logs/<key>/attempts.jsonl
+tuning/<gpu>/<dsl>/checkpoints/<key>.json
+tuning/<gpu>/<dsl>/memory/<key>/rounds.raw.jsonl
+tuning/<gpu>/<dsl>/memory/<key>/rounds.md
+tuning/<gpu>/<dsl>/memory/<key>/ideas.jsonl
+tuning/<gpu>/<dsl>/srcs/<key>/iter<NNN>_<tag>.<ext>
+tuning/<gpu>/<dsl>/perf/<key>/timing_iter<NNN>.txt
+tuning/<gpu>/<dsl>/perf/<key>/profile_iter<NNN>.txt
+kernels/<family>_<dtype>/<key>_best.<ext>
 """
 
 from __future__ import annotations

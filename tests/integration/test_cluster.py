@@ -46,8 +46,11 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
         ckpt = json.loads((repo / RUN / "checkpoints" / f"{key}.json").read_text())
         assert (ckpt["current_iter"], ckpt["status"], entry["status"]) == (4, "done", "done")
         best = rows[ckpt["best_iter"]]
-        assert best.decision in ("KEEP", "BASELINE") and ckpt["best_tflops"] == entry["best_tflops"] == best.tflops
-        assert all(r.decision != "KEEP" for r in rows[best.iter + 1:])
+        assert (
+            best.decision in ("KEEP", "BASELINE")
+            and ckpt["best_tflops"] == entry["best_tflops"] == best.tflops
+        )
+        assert all(r.decision != "KEEP" for r in rows[best.iter + 1 :])
         rounds = (repo / RUN / "memory" / key / "rounds.raw.jsonl").read_text().splitlines()
         assert [json.loads(line)["iteration"] for line in rounds] == [0, 1, 2, 3, 4]
         assert (repo / "kernels" / "gemm_f16" / f"{key}_best.cu").exists()
@@ -75,8 +78,14 @@ def test_a_second_writer_refuses_to_start(cluster_env: dict[str, str]) -> None:
         while not cluster.client.exists(keys.lease("writer")) and time.monotonic() < deadline:
             time.sleep(0.1)
         env = {**cluster.env, "PATH": "/usr/bin:/bin"}
-        second = subprocess.run([sys.executable, "-m", "croqq", "writer"], env=env, capture_output=True, text=True,
-                                timeout=60)
+        second = subprocess.run(
+            [sys.executable, "-m", "croqq", "writer"],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert second.returncode != 0
     lines = [line for line in second.stderr.splitlines() if line.startswith("croqq: error:")]
     assert len(lines) == 1 and "the writer lock is already held by" in lines[0]

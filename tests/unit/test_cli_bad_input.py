@@ -14,8 +14,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "croqq", *args], env={"PATH": "/usr/bin:/bin", **env},
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "croqq", *args],
+        check=False,
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.parametrize(
@@ -39,8 +46,9 @@ def test_bad_submit_arguments_exit_2_with_one_line_and_enqueue_nothing(
     assert not Path(cluster_env["CROQQ_RESULTS_REPO"]).exists()
 
 
-def test_manifest_with_unknown_field_is_refused_by_submit(cluster_env: dict[str, str], tmp_path: Path,
-                                                           redis_client: redis.Redis) -> None:
+def test_manifest_with_unknown_field_is_refused_by_submit(
+    cluster_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
     raw = json.loads((ROOT / "kernels" / "manifest.json").read_text())
     raw["turbo"] = True
     bad = tmp_path / "manifest.json"
@@ -55,8 +63,9 @@ def test_bad_setting_names_the_variable(cluster_env: dict[str, str]) -> None:
     assert result.returncode == 2 and result.stderr.startswith("croqq: error: CROQQ_PIPELINE_DEPTH:")
 
 
-def test_dry_run_json_lists_the_schedule_without_touching_redis(cluster_env: dict[str, str],
-                                                                 redis_client: redis.Redis) -> None:
+def test_dry_run_json_lists_the_schedule_without_touching_redis(
+    cluster_env: dict[str, str], redis_client: redis.Redis
+) -> None:
     result = croqq(cluster_env, "submit", "--dtype", "all", "--dry-run", "--json")
     rows = json.loads(result.stdout)
     assert len(rows) == 268 and set(rows[0]) == {"key", "dtype", "m", "n", "k", "scenarios", "region", "rank"}

@@ -20,7 +20,7 @@ from croqq.domain.fsm import (
     decide_event,
     transition,
 )
-from croqq.domain.records import BuildOutcome, Confirmation, Idea, MeasureResult, Measurement, Profile
+from croqq.domain.records import BuildOutcome, Confirmation, Idea, Measurement, MeasureResult, Profile
 from croqq.errors import IllegalTransitionError
 
 KNOBS = {"TILE_M": 128}
@@ -55,7 +55,9 @@ EVENTS = {
 
 def at(phase: Phase) -> Loop:
     """A loop parked in ``phase`` with whatever it needs there."""
-    loop = Loop(max_iter=30, current_iter=0, best_iter=0, best_tflops=100.0, best_knobs=KNOBS, seed_knobs=KNOBS)
+    loop = Loop(
+        max_iter=30, current_iter=0, best_iter=0, best_tflops=100.0, best_knobs=KNOBS, seed_knobs=KNOBS
+    )
     drive = {
         Phase.INIT: [],
         Phase.BASELINE: [Start()],
@@ -110,7 +112,12 @@ def test_baseline_is_iteration_zero_and_profile_runs_before_iteration_one() -> N
     loop = transition(transition(Loop(max_iter=3), Start()), EVENTS["baseline_measured"])
     assert loop.pending is not None and loop.pending.iteration == 0 and loop.pending.decision == "BASELINE"
     loop = transition(loop, Stored(iteration=0))
-    assert (loop.phase, loop.current_iter, loop.best_tflops, loop.baseline_tflops) == (Phase.PROFILE, 0, 100.0, 100.0)
+    assert (loop.phase, loop.current_iter, loop.best_tflops, loop.baseline_tflops) == (
+        Phase.PROFILE,
+        0,
+        100.0,
+        100.0,
+    )
 
 
 def test_baseline_builds_the_seed_before_measuring_it_and_a_broken_seed_is_an_error() -> None:
@@ -123,8 +130,10 @@ def test_baseline_builds_the_seed_before_measuring_it_and_a_broken_seed_is_an_er
 
 
 def test_compile_failure_is_an_attempt_that_uses_no_iteration_id() -> None:
-    loop = transition(transition(at(Phase.IDEATE), EVENTS["proposed"]),
-                      Built(build=BuildOutcome(ok=False, reason="smem overflow")))
+    loop = transition(
+        transition(at(Phase.IDEATE), EVENTS["proposed"]),
+        Built(build=BuildOutcome(ok=False, reason="smem overflow")),
+    )
     assert loop.phase == Phase.STORE and loop.pending is not None and loop.pending.attempt_no == 1
     with pytest.raises(IllegalTransitionError):
         transition(loop, Stored(iteration=1))
@@ -151,7 +160,12 @@ def test_keep_needs_the_confirmation_to_agree() -> None:
     refuted = run_iteration(at(Phase.IDEATE), measured(120.0, best=119.5))
     assert refuted.best_iter == 0
     kept = run_iteration(at(Phase.IDEATE), measured(120.0, best=100.0))
-    assert (kept.best_iter, kept.best_tflops, kept.consecutive_discards, kept.phase) == (1, 120.0, 0, Phase.PROFILE)
+    assert (kept.best_iter, kept.best_tflops, kept.consecutive_discards, kept.phase) == (
+        1,
+        120.0,
+        0,
+        Phase.PROFILE,
+    )
 
 
 def test_discards_escalate_strategy_and_never_stop_the_loop() -> None:
@@ -177,7 +191,8 @@ def test_done_only_at_max_iter_and_reopen_needs_more() -> None:
 
 
 def test_decide_discards_wins_inside_the_noise_margin() -> None:
-    result = MeasureResult(candidate=ok(101.0), confirmation=Confirmation(candidate_tflops=101.0, best_tflops=100.0,
-                                                                          rounds=3))
+    result = MeasureResult(
+        candidate=ok(101.0), confirmation=Confirmation(candidate_tflops=101.0, best_tflops=100.0, rounds=3)
+    )
     assert decide(result, 100.0, 0.015) == "DISCARD"
     assert decide(MeasureResult(candidate=Measurement(outcome="hang")), 100.0, 0.015) == "FAIL_hang"

@@ -36,13 +36,21 @@ class Cluster:
         self.coord = Coordinator(self.settings, self.manifest, client, self.ledger)
 
     def add_gpu(self, uuid: str) -> None:
-        registry.register_gpu(self.client, registry.GpuEntry(uuid=uuid, host="h", index=0, gpu_type=GPU_TYPE,
-                                                             queue=f"gpu.h.{uuid}"))
+        registry.register_gpu(
+            self.client,
+            registry.GpuEntry(uuid=uuid, host="h", index=0, gpu_type=GPU_TYPE, queue=f"gpu.h.{uuid}"),
+        )
 
     def submit(self, shapes: int, max_iter: int = 3) -> list[str]:
         schedule = build_schedule(self.manifest, "f16")[:shapes]
-        msg = SubmitMessage(submission="s1", gpu_type=GPU_TYPE, dsl="cuda", mode="from_current_best",
-                            max_iter=max_iter, shapes=schedule)
+        msg = SubmitMessage(
+            submission="s1",
+            gpu_type=GPU_TYPE,
+            dsl="cuda",
+            mode="from_current_best",
+            max_iter=max_iter,
+            shapes=schedule,
+        )
         return self.coord.submit(msg).sids
 
     def take(self) -> StepRecord:
@@ -83,9 +91,16 @@ def test_submit_fills_gpu_up_to_pipeline_depth(cluster: Cluster) -> None:
 def test_resubmitting_changes_nothing(cluster: Cluster) -> None:
     cluster.submit(3)
     cluster.published.clear()
-    again = cluster.coord.submit(SubmitMessage(
-        submission="s2", gpu_type=GPU_TYPE, dsl="cuda", mode="from_current_best", max_iter=3,
-        shapes=build_schedule(cluster.manifest, "f16")[:3]))
+    again = cluster.coord.submit(
+        SubmitMessage(
+            submission="s2",
+            gpu_type=GPU_TYPE,
+            dsl="cuda",
+            mode="from_current_best",
+            max_iter=3,
+            shapes=build_schedule(cluster.manifest, "f16")[:3],
+        )
+    )
     assert len(again.resumed) == 3 and not again.new
     assert cluster.published == []
 

@@ -1,4 +1,4 @@
-"""The shape schedule: exactly the 134 shapes per dtype of DESIGN section 1, their scenarios, regions, priority."""
+"""The schedule: exactly the 134 shapes per dtype of DESIGN section 1, their scenarios, regions, priority."""
 
 from __future__ import annotations
 
@@ -32,12 +32,18 @@ def expected_shapes() -> dict[tuple[int, int, int], set[str]]:
         "sweep_m": [(s, 8192, 8192) for s in SM],
         "sweep_n": [(4096, s, 8192) for s in SN],
         "sweep_k": [(4096, 8192, s) for s in SK],
-        "sweep_mn": [(t, t, 4096) for t in T] + [(t, t, 8192) for t in T]
-        + [(4096, 4096, k) for k in K] + [(8192, 8192, k) for k in K],
-        "sweep_mk": [(t, 4096, t) for t in T] + [(t, 8192, t) for t in T]
-        + [(4096, n, 4096) for n in N] + [(8192, n, 8192) for n in N],
-        "sweep_nk": [(4096, t, t) for t in T] + [(8192, t, t) for t in T]
-        + [(m, 4096, 4096) for m in M] + [(m, 8192, 8192) for m in M],
+        "sweep_mn": [(t, t, 4096) for t in T]
+        + [(t, t, 8192) for t in T]
+        + [(4096, 4096, k) for k in K]
+        + [(8192, 8192, k) for k in K],
+        "sweep_mk": [(t, 4096, t) for t in T]
+        + [(t, 8192, t) for t in T]
+        + [(4096, n, 4096) for n in N]
+        + [(8192, n, 8192) for n in N],
+        "sweep_nk": [(4096, t, t) for t in T]
+        + [(8192, t, t) for t in T]
+        + [(m, 4096, 4096) for m in M]
+        + [(m, 8192, 8192) for m in M],
     }
     out: dict[tuple[int, int, int], set[str]] = {}
     for name, shapes in lists.items():
