@@ -59,8 +59,9 @@ class Backend(ABC):
         return None
 
     def run_command(self, shape: Shape, candidate: Candidate) -> str:
-        """A command line that reproduces the measurement (stored in results.tsv)."""
-        return f"croqq measure --key {shape.key} --hash {candidate.short_hash}"
+        """A command line that reproduces the measurement (stored in results.tsv): `croqq measure`."""
+        knobs = ",".join(f"{k}={v}" for k, v in sorted(candidate.knobs.items()))
+        return f"croqq measure --dsl {candidate.dsl} --key {shape.key} --knobs {knobs}"
 
     # -- shared protocol ----------------------------------------------------------------------------
 

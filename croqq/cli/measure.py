@@ -1,0 +1,58 @@
+"""`croqq measure`: build and time one candidate on this host (the run_command stored in results.tsv)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from croqq.cli import app
+from croqq.cli.common import load_settings
+from croqq.errors import ConfigError
+
+
+def parse_knobs(text: str) -> dict[str, int]:
+    """``"TILE_M=128,STAGES=4"`` -> {"TILE_M": 128, "STAGES": 4}."""
+    knobs: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise ConfigError(f"--knobs: {part!r} is not NAME=INTEGER (e.g. TILE_M=128,STAGES=4)")
+        knobs[name.strip()] = int(value)
+    return knobs
+
+
+@app.command()
+def measure(
+    key: str = typer.Option(..., "--key", help="Shape key, e.g. f16_4096x8192x4096."),
+    knobs: str = typer.Option("", "--knobs", help="NAME=VALUE,...; unset knobs take the reference kernel's."),
+    dsl: str = typer.Option("cuda", "--dsl"),
+    gpu_index: int = typer.Option(0, "--gpu-index", help="Which GPU of this host (simulated without NVML)."),
+) -> None:
+    """Build one candidate and measure it on one GPU of this host; prints one JSON line (no cluster needed)."""
+    from croqq.backends import make_backend
+    from croqq.backends._base import GpuContext
+    from croqq.domain.knobs import make_candidate, seed_knobs
+    from croqq.domain.manifest import load_manifest
+    from croqq.domain.shapes import parse_key
+    from croqq.probes import make_probe
+
+    settings = load_settings()
+    manifest = load_manifest(settings.manifest)
+    shape = parse_key(key)
+    chosen = seed_knobs(manifest, dsl, shape.dtype, "reference") | parse_knobs(knobs)
+    cand = make_candidate(manifest, dsl, shape, chosen)
+    probe = make_probe(settings)
+    gpus = {g.index: g for g in probe.discover()}
+    if gpu_index not in gpus:
+        raise ConfigError(f"--gpu-index {gpu_index}: this host has GPU indexes {sorted(gpus)}")
+    info = gpus[gpu_index]
+    backend = make_backend(settings, manifest)
+    build = backend.build(shape, cand)
+    if not build.ok:
+        typer.echo(json.dumps({"key": key, "built": False, "reason": build.reason}))
+        raise typer.Exit(1)
+    gpu = GpuContext(uuid=info.uuid, index=info.index, gpu_type=info.gpu_type, probe=probe)
+    (result,) = backend.measure(gpu, shape, [build.artifact])
+    typer.echo(json.dumps({"key": key, "gpu": info.gpu_type, "knobs": cand.knobs, **result.model_dump(
+        include={"outcome", "tflops", "hw_eff_pct", "median_ms", "min_ms", "max_ms", "repeats", "verified"})}))
