@@ -29,7 +29,7 @@ def measure(
     dsl: str = typer.Option("cuda", "--dsl"),
     gpu_index: int = typer.Option(0, "--gpu-index", help="Which GPU of this host (simulated without NVML)."),
 ) -> None:
-    """Build one candidate and measure it on one GPU of this host; prints one JSON line (no cluster needed)."""
+    """Build one candidate and measure it on one GPU of this host; print one JSON line (no cluster)."""
     from croqq.backends import make_backend
     from croqq.backends._base import GpuContext
     from croqq.domain.knobs import make_candidate, seed_knobs
@@ -54,5 +54,24 @@ def measure(
         raise typer.Exit(1)
     gpu = GpuContext(uuid=info.uuid, index=info.index, gpu_type=info.gpu_type, probe=probe)
     (result,) = backend.measure(gpu, shape, [build.artifact])
-    typer.echo(json.dumps({"key": key, "gpu": info.gpu_type, "knobs": cand.knobs, **result.model_dump(
-        include={"outcome", "tflops", "hw_eff_pct", "median_ms", "min_ms", "max_ms", "repeats", "verified"})}))
+    typer.echo(
+        json.dumps(
+            {
+                "key": key,
+                "gpu": info.gpu_type,
+                "knobs": cand.knobs,
+                **result.model_dump(
+                    include={
+                        "outcome",
+                        "tflops",
+                        "hw_eff_pct",
+                        "median_ms",
+                        "min_ms",
+                        "max_ms",
+                        "repeats",
+                        "verified",
+                    }
+                ),
+            }
+        )
+    )

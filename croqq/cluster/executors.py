@@ -12,10 +12,10 @@ from collections.abc import Callable
 from croqq.cluster import gpu as guard
 from croqq.cluster import keys
 from croqq.cluster.messages import StepMessage
-from croqq.cluster.persist import store_request
+from croqq.cluster.persist import loop_from_checkpoint, store_request
 from croqq.cluster.runtime import Runtime
 from croqq.cluster.state import ShapeState
-from croqq.domain.fsm import BaselineMeasured, Built, Measured, Phase, Profiled, Proposed, Stored
+from croqq.domain.fsm import BaselineMeasured, Built, Measured, Phase, Profiled, Proposed, Resynced, Stored
 from croqq.domain.knobs import Candidate, make_candidate, seed_knobs
 from croqq.errors import IllegalTransitionError, TerminalError
 from croqq.proposers._base import ProposeContext
@@ -141,9 +141,13 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
     return Measured(result=result)
 
 
-def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored:
+def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored | Resynced:
     req = store_request(rt.manifest, rt.settings, state, msg.epoch, msg.step_id)
     receipt = rt.writer.apply(req)
+    if receipt.duplicate and req.round is not None:
+        resync = _resync_if_diverged(rt, state, req.round.iteration, msg.step_id)
+        if resync is not None:
+            return resync
     what = (
         f"iter{req.round.iteration:03d}"
         if req.round
@@ -157,6 +161,27 @@ def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored:
         receipt.commit[:10],
     )
     return Stored(iteration=req.round.iteration if req.round else None)
+
+
+def _resync_if_diverged(rt: Runtime, state: ShapeState, iteration: int, step_id: str) -> Resynced | None:
+    """The repo already holds this iteration from another step (live state was rebuilt from a checkpoint
+    that an in-flight STORE then overtook): the repo wins, the loop is reloaded from its checkpoint."""
+    from croqq.store.load import load_checkpoint, load_rounds
+
+    repo = rt.writer.repo
+    stored = [r for r in load_rounds(repo, state.gpu_type, state.dsl, state.key) if r.iteration == iteration]
+    if not stored or stored[0].step_id == step_id:
+        return None
+    ckpt = load_checkpoint(repo, state.gpu_type, state.dsl, state.key)
+    if ckpt is None:
+        return None
+    log.warning(
+        "%s iter%03d was already stored by %s; reloading the loop from the checkpoint",
+        state.key,
+        iteration,
+        stored[0].step_id,
+    )
+    return Resynced(loop=loop_from_checkpoint(ckpt, rt.settings, state.loop.max_iter))
 
 
 EXECUTORS: dict[str, Executor] = {

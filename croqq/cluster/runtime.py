@@ -159,6 +159,10 @@ class Runtime:
         repo = GitRepo(
             Path(self.settings.results_repo), self.settings.results_branch, self.settings.sync_worktree
         )
+        if self.settings.test_barriers:
+            from croqq.cluster.barriers import wait_barrier
+
+            repo.before_ref_move = lambda: wait_barrier(self.client, True, "store:commit")
         removed = repo.remove_stale_locks()  # safe: this process holds the writer lease
         if removed:
             log.warning("removed stale git lock file(s) left by a killed writer: %s", ", ".join(removed))

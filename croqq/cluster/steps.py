@@ -12,11 +12,10 @@ running/done/dropped (a duplicate or stale message, dropped), requeued (retryabl
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
-from croqq.cluster import keys
+from croqq.cluster import barriers, keys
 from croqq.cluster.executors import EXECUTORS
 from croqq.cluster.messages import StepMessage, parse
 from croqq.cluster.queues import GPU_KINDS, STEP_TASK
@@ -35,15 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def wait_barrier(rt: Runtime, name: str, step_id: str) -> None:
-    """Test hook: while ``croqq:barrier:<name>`` exists, report arrival and block (chaos tests kill here)."""
-    if not rt.settings.test_barriers or not rt.client.exists(keys.barrier(name)):
-        return
-    import os
-    import socket
-
-    rt.client.set(keys.barrier(f"{name}:reached"), f"{socket.gethostname()}:{os.getpid()}:{step_id}")
-    while rt.client.exists(keys.barrier(name)):
-        time.sleep(0.02)
+    barriers.wait_barrier(rt.client, rt.settings.test_barriers, name, step_id)
 
 
 def run_step(rt: Runtime, payload: Any, task_name: str) -> str:

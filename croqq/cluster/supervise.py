@@ -73,6 +73,8 @@ class Supervisor:
                 child.died_at = now
                 child.history.append(child.popen.returncode)
                 log.warning("%s exited with %s", child.name, child.popen.returncode)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.popen.pid, signal.SIGKILL)  # its orphans (a pool child mid-task) go too
             delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]
             if now - child.died_at >= delay:
                 child.restarts += 1

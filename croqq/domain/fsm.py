@@ -97,12 +97,6 @@ class Reopen(_Event):
     max_iter: int = Field(gt=0)
 
 
-Event = Annotated[
-    Start | BaselineMeasured | Profiled | Proposed | Built | Measured | Decided | Stored | Reopen,
-    Field(discriminator="type"),
-]
-
-
 class Pending(BaseModel):
     """The iteration (or attempt) under construction, from IDEATE (or BASELINE) to STORE."""
 
@@ -157,6 +151,20 @@ class Loop(BaseModel):
     @property
     def complete(self) -> bool:
         return self.current_iter >= self.max_iter
+
+
+class Resynced(_Event):
+    """STORE found its iteration already committed by an earlier epoch (a cold start raced an in-flight
+    STORE): the loop is replaced by the one the results repo holds."""
+
+    type: Literal["resynced"] = "resynced"
+    loop: Loop
+
+
+Event = Annotated[
+    Start | BaselineMeasured | Profiled | Proposed | Built | Measured | Decided | Stored | Reopen | Resynced,
+    Field(discriminator="type"),
+]
 
 
 def _illegal(loop: Loop, event: _Event) -> IllegalTransitionError:
@@ -302,6 +310,10 @@ def transition(loop: Loop, event: _Event) -> Loop:
         return loop.model_copy(update={"phase": Phase.STORE, "pending": pending})
     if isinstance(event, Stored) and phase == Phase.STORE:
         return _stored(loop, event)
+    if isinstance(event, Resynced) and phase == Phase.STORE and loop.pending is not None:
+        if event.loop.current_iter < (loop.pending.iteration or 0):
+            raise IllegalTransitionError("a resync must not go back before the pending iteration")
+        return event.loop
     if isinstance(event, Reopen) and phase == Phase.DONE:
         if event.max_iter <= loop.current_iter:
             raise IllegalTransitionError(f"reopen needs max_iter > {loop.current_iter}, got {event.max_iter}")

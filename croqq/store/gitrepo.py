@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import pygit2
@@ -141,6 +142,7 @@ class GitRepo:
         self._made: set[str] = set()
         self._last_flush = 0.0
         self._closed = False
+        self.before_ref_move: Callable[[], None] | None = None
         self._refresh()
         if self._tip is None and create:
             self._initial_commit()
@@ -321,6 +323,8 @@ class GitRepo:
         text = message if message.endswith("\n") else message + "\n"
         oid = sink.add(b"commit", _commit_body(tree, base, text))
         pack = sink.flush()
+        if self.before_ref_move is not None:
+            self.before_ref_move()  # a test hook: chaos tests kill the writer here
         self._move_ref(oid, base, text.split("\n", 1)[0])
         folders = {p for p, d in changes.items() if d is None and (self._trees.lookup(p) or (0,))[0] == TREE}
         self._tip = oid

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from croqq.errors import InvalidRecordError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
-from croqq.store.schema import SCHEMA_VERSION, Checkpoint, IdeaEntry, StateFile
+from croqq.store.schema import SCHEMA_VERSION, Checkpoint, IdeaEntry, RoundRecord, StateFile
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +105,9 @@ def tried_hashes(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[str]:
     for entry in load_ideas(repo, gpu, dsl, key):
         seen.setdefault(entry.content_hash, None)
     return list(seen)
+
+
+def load_rounds(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[RoundRecord]:
+    path = paths.RunPaths(gpu, dsl).rounds_raw(key)
+    data = repo.read(path)
+    return parse_jsonl(data, RoundRecord, path) if data is not None else []

@@ -25,7 +25,13 @@ def test_stored_run_command_runs_and_measures_the_same_candidate() -> None:
     command = SimBackend(manifest, Settings()).run_command(shape, cand)
     argv = shlex.split(command)
     assert argv[:2] == ["croqq", "measure"]
-    result = subprocess.run([sys.executable, "-m", "croqq", *argv[1:]], capture_output=True, text=True,
-                            check=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "CROQQ_PROBE": "sim"})
+    result = subprocess.run(
+        [sys.executable, "-m", "croqq", *argv[1:]],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "CROQQ_PROBE": "sim"},
+    )
     out = json.loads(result.stdout)
     assert out["knobs"] == cand.knobs and out["outcome"] == "ok" and out["tflops"] > 0
