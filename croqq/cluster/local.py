@@ -179,6 +179,7 @@ class LocalCluster:
         mode: str = "from_current_best",
         gpu_type: str | None = None,
         limit: int | None = None,
+        dsl: str | None = None,
     ) -> str:
         """Register a submission (in-process coordinator; ``limit``: the first N shapes); return its id."""
         from croqq.cli.submit import pick_gpu_type
@@ -193,7 +194,7 @@ class LocalCluster:
         msg = SubmitMessage(
             submission=f"sub-{stamp}-{secrets.token_hex(3)}",
             gpu_type=pick_gpu_type(self.settings, manifest, gpu_type),
-            dsl=self.settings.dsl,
+            dsl=dsl or self.settings.dsl,
             mode=mode,
             max_iter=max_iter or manifest.mode(mode).max_iter,
             shapes=schedule,

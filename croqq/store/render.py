@@ -228,19 +228,28 @@ def state_text(gpu: str, dsl: str, lines: Mapping[str, str]) -> str:
 # -- commit messages ------------------------------------------------------------------------------
 
 
+TRAILER_RUN = "Croqq-Run"
+TRAILER_STEP = "Croqq-Step"
+
+
 def commit_message(req: StoreRequest) -> str:
     """``<key> iter<NNN>: <idea> - TFLOPS: <best before> -> <measured> (<decision>)`` for an iteration,
-    ``<key> attempt<N>: <idea> - compile failed (no iteration)`` for a compile-failed attempt."""
+    ``<key> attempt<N>: <idea> - compile failed (no iteration)`` for a compile-failed attempt; then git
+    trailers naming the run (``<gpu>/<dsl>``: keys repeat across runs) and the step and epoch."""
     if req.attempt is not None:
         summary = _oneline(req.attempt.idea.summary)
-        return f"{req.key} attempt{req.attempt.attempt_no}: {summary} - compile failed (no iteration)"
-    if req.round is None:
+        subject = f"{req.key} attempt{req.attempt.attempt_no}: {summary} - compile failed (no iteration)"
+    elif req.round is not None:
+        rnd = req.round
+        summary = _oneline(rnd.idea.summary) if rnd.idea else "baseline"
+        before, after = f"{rnd.best_before:.2f}", f"{rnd.tflops:.2f}"
+        subject = (
+            f"{req.key} iter{rnd.iteration:03d}: {summary} - TFLOPS: {before} -> {after} ({rnd.decision})"
+        )
+    else:
         raise InvalidRecordError(f"{req.key}: store request {req.step_id} has neither a round nor an attempt")
-    rnd = req.round
-    summary = _oneline(rnd.idea.summary) if rnd.idea else "baseline"
     return (
-        f"{req.key} iter{rnd.iteration:03d}: {summary} - TFLOPS: {rnd.best_before:.2f} -> {rnd.tflops:.2f} "
-        f"({rnd.decision})"
+        f"{subject}\n\n{TRAILER_RUN}: {req.gpu}/{req.dsl}\n{TRAILER_STEP}: {req.step_id} epoch {req.epoch}\n"
     )
 
 

@@ -1,0 +1,263 @@
+"""Faults for chaos tests and `croqq stress`: a seeded schedule and one injector per kind.
+
+Kills land mid-step deterministically: the harness raises a barrier (``croqq.cluster.barriers``), waits
+until a process reports it has reached it, SIGKILLs that process (or its worker's main process), then
+drops the barrier; the supervisor restarts what died, as systemd or Kubernetes would.
+
+Each injection returns what recovery means for it: the steps that were in flight on the victim (recovered
+when each is done, or its shape has stored a later round), or a progress check (recovered when the cluster
+has stored a new round and the victim is back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+
+from croqq.cluster import keys, registry
+from croqq.cluster.local import LocalCluster
+from croqq.cluster.redis_client import strs, text
+from croqq.cluster.state import ShapeSummary
+from croqq.errors import ConfigError
+from croqq.probes.sim import inject_fault
+
+BARRIER_WAIT_S = 10.0
+
+# kind -> (barrier to land on, which process to kill: "reached" = the one at the barrier, or a role)
+KILLS: dict[str, tuple[str | None, str]] = {
+    "kill_gpu_child": ("measure", "reached"),
+    "kill_gpu_main": ("measure", "gpu-main"),
+    "kill_writer": ("store", "writer"),
+    "kill_writer_mid_commit": ("store:commit", "writer"),
+    "kill_writer_after_commit": ("store:complete", "writer"),
+    "kill_build": ("implement", "reached"),
+    "kill_ideate": ("ideate", "ideate"),
+    "kill_beat": (None, "beat"),
+    "kill_coordinator": (None, "coordinator"),
+}
+GPU_FAULTS = ("gpu_foreign_process", "gpu_overheat", "gpu_xid", "gpu_hang")
+KINDS: tuple[str, ...] = (*KILLS, "kill_redis", *GPU_FAULTS)
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    index: int
+    at_round: int  # inject once this many rounds are stored
+    kind: str
+    gpu: int  # target GPU index for GPU faults (ignored otherwise)
+
+
+@dataclass
+class Injected:
+    fault: PlannedFault
+    at: float
+    landed: bool
+    target: str = ""
+    steps: list[str] = field(default_factory=list)  # in flight on the victim
+    shapes: dict[str, int] = field(default_factory=dict)  # sid -> current_iter at injection
+    baseline_rounds: int = 0
+    role: str = ""  # a killed process with no step in flight: recovered when it is back
+    recovered_at: float | None = None
+    note: str = ""
+
+    @property
+    def recovery_s(self) -> float | None:
+        return None if self.recovered_at is None else round(self.recovered_at - self.at, 3)
+
+
+def parse_kinds(spec: str) -> list[str]:
+    """``default`` (every kind), ``none``, or a comma-separated list of kinds."""
+    if spec == "default":
+        return list(KINDS)
+    if spec == "none":
+        return []
+    kinds = [k.strip() for k in spec.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ConfigError(
+            f"--faults: unknown fault kind(s) {unknown}; use default, none, or some of {', '.join(KINDS)}"
+        )
+    return kinds
+
+
+def plan(seed: int, kinds: list[str], count: int, total_rounds: int, gpus: int) -> list[PlannedFault]:
+    """A deterministic schedule: every kind at least once, then random kinds, spread over the run."""
+    if not kinds or count <= 0:
+        return []
+    rng = random.Random(seed)
+    chosen = list(kinds) + [rng.choice(kinds) for _ in range(max(0, count - len(kinds)))]
+    rng.shuffle(chosen)
+    span = max(1, int(total_rounds * 0.85))
+    start = max(1, total_rounds // 20)
+    return [
+        PlannedFault(
+            index=i,
+            at_round=start + (span - start) * i // max(1, len(chosen)),
+            kind=kind,
+            gpu=rng.randrange(gpus),
+        )
+        for i, kind in enumerate(chosen)
+    ]
+
+
+class Injector:
+    """Injects planned faults into a running LocalCluster and tells when each has recovered."""
+
+    def __init__(self, cluster: LocalCluster, fault_seconds: float) -> None:
+        self.cluster = cluster
+        self.fault_seconds = fault_seconds
+
+    @property
+    def client(self):  # type: ignore[no-untyped-def]
+        return self.cluster.client
+
+    def rounds(self) -> int:
+        return int(self.client.hget(keys.STATS, "stored") or 0)
+
+    def _shapes(self) -> dict[str, ShapeSummary]:
+        raw = self.client.hgetall(keys.SUMMARY)
+        return {str(k): ShapeSummary.model_validate_json(v) for k, v in raw.items()}
+
+    def inject(self, fault: PlannedFault) -> Injected:
+        now = time.time()
+        if fault.kind in KILLS:
+            return self._kill(fault, now)
+        if fault.kind == "kill_redis":
+            return self._kill_redis(fault, now)
+        return self._gpu_fault(fault, now)
+
+    # -- kills ---------------------------------------------------------------------------------------
+
+    def _kill(self, fault: PlannedFault, now: float) -> Injected:
+        barrier, victim = KILLS[fault.kind]
+        shot = Injected(fault, now, landed=False, baseline_rounds=self.rounds())
+        if barrier is None:
+            shot.target, shot.role = victim, victim
+            shot.landed = self._signal(victim) is not None
+            return shot
+        reached = self._land(barrier)
+        if reached is None:
+            shot.note = f"no process reached barrier {barrier!r} within {BARRIER_WAIT_S:.0f}s"
+            return shot
+        host_pid, step_id = reached
+        try:
+            pid = self._victim_pid(victim, host_pid, step_id)
+            if pid is not None:
+                self._kill_pid(pid)
+                shot.landed, shot.target = True, f"{victim} pid {pid} at {barrier}"
+                shot.steps = [step_id] if step_id else []
+                shot.shapes = self._iters_of_steps(shot.steps)
+        finally:
+            self.client.delete(keys.barrier(barrier))
+        return shot
+
+    def _land(self, barrier: str) -> tuple[str, str] | None:
+        self.client.delete(keys.barrier(f"{barrier}:reached"))
+        self.client.set(keys.barrier(barrier), "1")
+        deadline = time.monotonic() + BARRIER_WAIT_S
+        while time.monotonic() < deadline:
+            reached = text(self.client.get(keys.barrier(f"{barrier}:reached")))
+            if reached:
+                host, pid, step_id = reached.split(":", 2)
+                return f"{host}:{pid}", step_id
+            self.cluster.poll()
+            time.sleep(0.02)
+        self.client.delete(keys.barrier(barrier))
+        return None
+
+    def _victim_pid(self, victim: str, host_pid: str, step_id: str) -> int | None:
+        if victim == "reached":
+            return int(host_pid.split(":")[1])
+        if victim == "gpu-main":
+            return self._gpu_main_pid(step_id)
+        sup = self.cluster.supervisor
+        return sup.children[victim].pid if sup is not None and victim in sup.children else None
+
+    def _gpu_main_pid(self, step_id: str) -> int | None:
+        sid = step_id.split("#", 1)[0]
+        raw = self.client.hget(keys.SUMMARY, sid)
+        uuid = ShapeSummary.model_validate_json(raw).gpu if raw else ""
+        entry = registry.get_gpu(self.client, uuid) if uuid else None
+        sup = self.cluster.supervisor
+        name = f"gpu{entry.index}" if entry is not None else ""
+        return sup.children[name].pid if sup is not None and name in sup.children else None
+
+    def _signal(self, name: str) -> int | None:
+        sup = self.cluster.supervisor
+        return sup.signal(name, signal.SIGKILL) if sup is not None and name in sup.children else None
+
+    @staticmethod
+    def _kill_pid(pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def _kill_redis(self, fault: PlannedFault, now: float) -> Injected:
+        server = self.cluster.redis
+        if server is None:
+            return Injected(fault, now, landed=False, note="no embedded Redis to kill")
+        shot = Injected(fault, now, landed=True, target="redis-server", baseline_rounds=self.rounds())
+        server.kill()
+        time.sleep(1.0)
+        server.start()
+        return shot
+
+    # -- GPU faults ----------------------------------------------------------------------------------
+
+    def _gpu_fault(self, fault: PlannedFault, now: float) -> Injected:
+        """Fault one of the GPUs that hold shapes (the planned index picks among them)."""
+        busy = sorted({s.gpu for s in self._shapes().values() if s.gpu and s.status == "active"})
+        uuids = busy or sorted(strs(self.client.smembers(keys.GPUS)))
+        uuid = uuids[fault.gpu % len(uuids)]
+        kind = fault.kind.removeprefix("gpu_")
+        seconds = self.fault_seconds if kind != "foreign_process" else max(1.0, self.fault_seconds / 8)
+        value = 79 if kind == "xid" else 1
+        shot = Injected(fault, now, landed=True, target=uuid, baseline_rounds=self.rounds())
+        shot.shapes = {
+            sid: s.current_iter for sid, s in self._shapes().items() if s.gpu == uuid and s.status == "active"
+        }
+        inject_fault(self.client, uuid, kind, seconds=seconds, value=value)
+        return shot
+
+    # -- recovery ------------------------------------------------------------------------------------
+
+    def _iters_of_steps(self, step_ids: list[str]) -> dict[str, int]:
+        shapes = self._shapes()
+        sids = {s.split("#", 1)[0] for s in step_ids}
+        return {sid: shapes[sid].current_iter for sid in sids if sid in shapes}
+
+    def recovered(self, shot: Injected) -> bool:
+        """Every step in flight on the victim is done (or its shape stored a later round); else, for a
+        fault with none, the cluster stored a new round after it."""
+        if not shot.landed:
+            return True
+        try:
+            if shot.role:
+                return self._role_back(shot.role)
+            if shot.shapes:
+                shapes = self._shapes()
+                return all(
+                    sid not in shapes or shapes[sid].current_iter > it or shapes[sid].status == "done"
+                    for sid, it in shot.shapes.items()
+                )
+            return self.rounds() > shot.baseline_rounds or self._all_done()
+        except Exception:  # Redis restarting
+            return False
+
+    def _role_back(self, role: str) -> bool:
+        """The restarted process of ``role`` holds its lease (beat) or is registered (workers)."""
+        sup = self.cluster.supervisor
+        child = sup.children.get(role) if sup is not None else None
+        if child is None or not child.alive():
+            return False
+        if role == "beat":
+            owner = text(self.client.get(keys.lease("beat"))) or ""
+            return owner.split(":")[1:2] == [str(child.pid)]
+        nodes = strs(self.client.zrange(keys.WORKERS, 0, -1))
+        return any(node.startswith(f"{role}-{child.pid}@") for node in nodes)
+
+    def _all_done(self) -> bool:
+        return all(s.status in ("done", "error") for s in self._shapes().values())
