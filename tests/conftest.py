@@ -51,3 +51,15 @@ def cluster_env(tmp_path, redis_server, redis_client):  # type: ignore[no-untype
         "CROQQ_RECHECK_EVERY_S": "2",
         "CROQQ_TEST_BARRIERS": "true",
     }
+
+
+@pytest.fixture
+def short_tmp():  # type: ignore[no-untyped-def]
+    """A temp folder with a short path (a unix socket path must fit in 107 bytes)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="cq-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -6,14 +6,17 @@ start processes: they take the singleton and GPU leases before the worker consum
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
+from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 
 from croqq.cluster import queues
 from croqq.cluster.redis_client import kombu_url
 from croqq.settings import Settings, get_settings
 
+log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 5.0
 
 
@@ -98,4 +101,28 @@ def configure(settings: Settings) -> None:
     app.amqp._producer_pool = None
 
 
-app = make_app()
+class QueueResetStep(bootsteps.StartStopStep):
+    """On every broker (re)connection, mark this worker's queues reset: a message it had reserved when the
+    connection dropped sits in kombu's unacked set until the visibility timeout, so housekeeping
+    re-publishes the steps queued before now (duplicates are dropped at claim)."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def start(self, c: Any) -> None:
+        from croqq.cluster import registry
+        from croqq.cluster.redis_client import connect
+
+        queues = [q.name for q in c.task_consumer.queues]
+        try:
+            registry.mark_queues_reset(connect(get_settings()), queues)
+        except Exception as exc:  # never stop a worker from consuming over bookkeeping
+            log.warning("could not mark queues %s reset: %s", queues, exc)
+
+
+def make_app_with_steps(settings: Settings | None = None) -> Celery:
+    celery = make_app(settings)
+    celery.steps["consumer"].add(QueueResetStep)
+    return celery
+
+
+app = make_app_with_steps()

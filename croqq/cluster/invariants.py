@@ -26,25 +26,31 @@ from croqq.cluster import keys
 from croqq.cluster.redis_client import strs, text
 from croqq.store.load import list_runs
 from croqq.store.paths import RunPaths
-from croqq.store.render import TRAILER_RUN, parse_tsv
+from croqq.store.render import TRAILER_RESET, TRAILER_RUN, parse_tsv
 from croqq.store.validate import Problem, validate_repo
 
 _SUBJECT = re.compile(r"^(\S+) iter(\d{3,}): ")
 _RUN = re.compile(rf"^{TRAILER_RUN}: (\S+)$", re.MULTILINE)
+_RESET = re.compile(rf"^{TRAILER_RESET}: (\S+)$", re.MULTILINE)
 
 
 def iteration_commits(repo_path: Path, branch: str = "main") -> Counter[tuple[str, str, int]]:
-    """(run, key, iteration) -> number of commits on the branch that stored it."""
+    """(run, key, iteration) -> number of commits on the branch that stored it, counting for each shape
+    only the commits after its last reset by ``croqq clean`` (its history starts over there)."""
     repo = pygit2.Repository(str(repo_path))
     counts: Counter[tuple[str, str, int]] = Counter()
     ref = repo.references.get(f"refs/heads/{branch}")
     if ref is None:
         return counts
-    for commit in repo.walk(ref.target, pygit2.enums.SortMode.TOPOLOGICAL):
+    reset: set[tuple[str, str]] = set()
+    for commit in repo.walk(ref.target, pygit2.enums.SortMode.TOPOLOGICAL):  # newest first
+        for run_key in _RESET.findall(commit.message):
+            run, _, key = run_key.rpartition("/")
+            reset.add((run, key))
         match = _SUBJECT.match(commit.message)
-        run = _RUN.search(commit.message)
-        if match and run:
-            counts[(run.group(1), match.group(1), int(match.group(2)))] += 1
+        run_m = _RUN.search(commit.message)
+        if match and run_m and (run_m.group(1), match.group(1)) not in reset:
+            counts[(run_m.group(1), match.group(1), int(match.group(2)))] += 1
     return counts
 
 

@@ -79,8 +79,15 @@ def register_worker(client: redis.Redis, node: str, queues: list[str], role: str
     pipe = client.pipeline()
     pipe.hset(keys.worker(node), mapping=info)
     pipe.zadd(keys.WORKERS, {node: now})
+    pipe.execute()
+
+
+def mark_queues_reset(client: redis.Redis, queues: list[str]) -> None:
+    """Steps queued on these queues before now may have lost their message (see housekeeping)."""
+    now = str(time.time())
+    pipe = client.pipeline(transaction=False)
     for queue in queues:
-        pipe.set(keys.queue_reset(queue), str(now))
+        pipe.set(keys.queue_reset(queue), now)
     pipe.execute()
 
 

@@ -21,6 +21,7 @@ from croqq.errors import InvalidRecordError
 from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo
 from croqq.store.load import list_runs, load_checkpoint, load_state
+from croqq.store.render import TRAILER_RESET
 from croqq.store.schema import Checkpoint, StateEntry
 from croqq.store.validate import Problem, ShapeRef, validate_tip
 
@@ -125,7 +126,7 @@ def _message(label: str, targets: list[ShapeRef]) -> str:
     shown = ", ".join(keys[:MESSAGE_KEYS]) + (
         f", ... (+{len(keys) - MESSAGE_KEYS} more)" if len(keys) > MESSAGE_KEYS else ""
     )
-    body = "\n".join(f"{gpu}/{dsl}/{key}" for gpu, dsl, key in targets)
+    body = "\n".join(f"{TRAILER_RESET}: {gpu}/{dsl}/{key}" for gpu, dsl, key in targets)
     return f"clean: reset {len(targets)} {label} shape(s): {shown}\n\n{body}\n"
 
 

@@ -230,6 +230,7 @@ def state_text(gpu: str, dsl: str, lines: Mapping[str, str]) -> str:
 
 TRAILER_RUN = "Croqq-Run"
 TRAILER_STEP = "Croqq-Step"
+TRAILER_RESET = "Croqq-Reset"  # on a clean commit: one per shape whose history starts over
 
 
 def commit_message(req: StoreRequest) -> str:

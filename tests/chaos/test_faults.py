@@ -1,0 +1,55 @@
+"""One fault of each kind, landed mid-step on the real cluster: nothing lost, nothing duplicated.
+
+Each test runs a small cluster (4 simulated GPUs, lease TTL 3 s) to completion through `croqq stress`'s
+harness with exactly one fault; kills land on a barrier, so the victim is always in the middle of a step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from croqq.cluster.faults import GPU_FAULTS, KILLS, KINDS
+from croqq.cluster.stress import StressConfig, run
+
+pytestmark = pytest.mark.chaos
+TTL = 3.0
+KILLED_STEP_KINDS = {kind for kind, (barrier, _) in KILLS.items() if barrier is not None}
+
+
+def stress_once(root: Path, kind: str, agents: int = 6, rounds: int = 6) -> dict[str, object]:
+    cfg = StressConfig(
+        agents_per_dsl=agents,
+        round_target=rounds,
+        seed=7,
+        run_name="run",
+        dsls=["cuda"],
+        kinds=[kind],
+        fault_count=1,
+        out_root=root,
+        sim_gpus=4,
+        lease_ttl_s=TTL,
+        fault_seconds=6.0,
+        timeout_s=240.0,
+        log_level="INFO",
+    )
+    result = run(cfg)
+    assert result.ok, result.problems
+    return result.summary
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_fault_loses_and_duplicates_nothing(short_tmp: Path, kind: str) -> None:
+    summary = stress_once(short_tmp, kind)
+    assert summary["faults_injected"] == {kind: 1}, summary["faults_not_landed"]
+    assert (summary["rounds_lost"], summary["duplicates"]) == (0, 0)
+    assert summary["rounds_stored"] == summary["rounds_expected"] == 36
+    assert summary["validate_ok"] is True
+    if kind in KILLED_STEP_KINDS:  # the killed process's step is finished within 2x the lease TTL
+        assert summary["recovery_max_s"] is not None and summary["recovery_max_s"] <= 2 * TTL + 1.0
+    if kind in ("gpu_overheat", "gpu_xid", "gpu_hang"):  # persistent: quarantine, shapes migrate
+        assert summary["quarantines"] >= 1 and summary["migrations"] >= 1
+    if kind == "gpu_foreign_process":  # transient: the GPU waits it out, no quarantine
+        assert summary["quarantines"] == 0
+    assert kind in GPU_FAULTS or summary["redispatches"] >= (1 if kind in KILLED_STEP_KINDS else 0)

@@ -1,0 +1,138 @@
+"""Cold start (Redis emptied mid-sweep) and damaged results trees: the repo is the durable truth."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from croqq.cluster import keys
+from croqq.cluster.invariants import repo_problems
+from croqq.cluster.local import LocalCluster
+
+pytestmark = pytest.mark.chaos
+RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env_for(short_tmp: Path, redis_url: str) -> dict[str, str]:
+    return {
+        "CROQQ_BROKER_URL": redis_url,
+        "CROQQ_RUN_DIR": str(short_tmp / "run"),
+        "CROQQ_RESULTS_REPO": str(short_tmp / "results"),
+        "CROQQ_SIM_GPUS": "3",
+        "CROQQ_PIPELINE_DEPTH": "2",
+        "CROQQ_LEASE_TTL_S": "3",
+        "CROQQ_RECONCILE_EVERY_S": "0.5",
+        "CROQQ_TIME_SCALE": "0.002",
+    }
+
+
+def stored(client: redis.Redis) -> int:
+    return int(client.hget(keys.STATS, "stored") or 0)
+
+
+def test_cold_start_rebuilds_from_the_repo_and_finishes_with_every_invariant(
+    short_tmp: Path,
+    redis_server,
+    redis_client: redis.Redis,  # type: ignore[no-untyped-def]
+) -> None:
+    env = env_for(short_tmp, redis_server.url)
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        cluster.submit("f16", max_iter=8, limit=6)
+        while stored(redis_client) < 20:
+            time.sleep(0.05)
+        redis_client.flushall()  # mid-sweep: every live record, queue and lease is gone
+        deadline = time.monotonic() + 60
+        while not redis_client.exists(keys.SHAPES) and time.monotonic() < deadline:
+            cluster.poll()
+            time.sleep(0.2)
+        assert redis_client.scard(keys.SHAPES) > 0, "the coordinator did not rebuild live state from the repo"
+    with LocalCluster(env) as cluster:  # restart the cluster, as `croqq up --dtype f16` would
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=8, limit=6)
+        snap = cluster.wait_done(sub, timeout_s=180)
+    assert snap.total.done == 6 and snap.total.error == 0
+    repo = Path(env["CROQQ_RESULTS_REPO"])
+    assert repo_problems(repo) == []
+    state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
+    assert len(state) == 6 and all(e["current_iter"] == 8 and e["status"] == "done" for e in state.values())
+
+
+def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "croqq", *args],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def damage(repo: Path, keys_: list[str]) -> None:
+    """Commit four kinds of damage (as a careless hand edit would) to four shapes."""
+    a, b, c, d = keys_
+    tsv = repo / RUN / "logs" / a / "results.tsv"
+    tsv.write_text(tsv.read_text()[:-25])  # truncated mid-row
+    ckpt_path = repo / RUN / "checkpoints" / f"{b}.json"
+    ckpt = json.loads(ckpt_path.read_text())
+    ckpt["best_kernel"] = "../../outside/best.cu"
+    ckpt_path.write_text(json.dumps(ckpt, indent=2))
+    src = next((repo / RUN / "srcs" / c).iterdir())
+    src.write_text('#include "/usr/include/stdio.h"\n' + src.read_text())
+    (repo / RUN / "checkpoints" / f"{d}.json").unlink()
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=careless", "-c", "user.email=c@x", "commit", "-qm", "hand edit")
+
+
+def test_damaged_trees_are_named_cleaned_alone_and_the_cluster_resumes_the_rest(
+    short_tmp: Path,
+    redis_server,
+    redis_client: redis.Redis,  # type: ignore[no-untyped-def]
+) -> None:
+    env = env_for(short_tmp, redis_server.url)
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=3, limit=6)
+        cluster.wait_done(sub, timeout_s=120)
+    repo = Path(env["CROQQ_RESULTS_REPO"])
+    all_keys = sorted(json.loads((repo / RUN / "state.json").read_text())["shapes"])
+    damaged, healthy = all_keys[:4], all_keys[4:]
+    damage(repo, damaged)
+
+    report = croqq(env, "validate", "--dsl", "all")
+    assert report.returncode == 1
+    named = {key for key in damaged if key in report.stdout}
+    assert named == set(damaged), report.stdout
+    assert "results.tsv" in report.stdout and "outside the repo" in report.stdout
+    assert (
+        '#include "/usr/include/stdio.h" is absolute' in report.stdout
+        and "without checkpoint" in report.stdout
+    )
+    assert not any(key in report.stdout for key in healthy)
+
+    cleaned = croqq(env, "clean", "--dsl", "cuda", "--invalid-only")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert all(key in cleaned.stdout for key in damaged) and not any(key in cleaned.stdout for key in healthy)
+    assert croqq(env, "validate", "--dsl", "all").returncode == 0
+
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=3, limit=6)
+        snap = cluster.wait_done(sub, timeout_s=120)
+    assert snap.total.done == 6
+    state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
+    assert sorted(state) == all_keys and all(e["current_iter"] == 3 for e in state.values())
+    assert repo_problems(repo) == []
