@@ -25,7 +25,7 @@ from croqq.domain.records import (
 )
 from croqq.domain.shapes import parse_key
 from croqq.store import paths
-from croqq.store.schema import AttemptRecord, Checkpoint, RoundRecord, StateEntry, StoreRequest
+from croqq.store.schema import AttemptRecord, Checkpoint, RoundRecord, StoreRequest, state_entry
 
 FAMILY = "gemm"
 EXTS = {"cuda": "cu", "triton": "py", "croqtile": "cq"}
@@ -224,17 +224,7 @@ def _checkpoint(ctx: _Ctx, sh: _Shape) -> Checkpoint:
 
 def _request(ctx: _Ctx, sh: _Shape, step_id: str, **kind: object) -> StoreRequest:
     ckpt = _checkpoint(ctx, sh)
-    state = StateEntry(
-        status=ckpt.status,
-        current_iter=ckpt.current_iter,
-        best_iter=ckpt.best_iter,
-        best_tflops=ckpt.best_tflops,
-        baseline_tflops=ckpt.baseline_tflops,
-        best_kernel=ckpt.best_kernel,
-        mode=ckpt.mode,
-        scenarios=ckpt.scenarios,
-        region=ckpt.region,
-    )
+    state = state_entry(ckpt)
     return StoreRequest(
         gpu=ctx.gpu,
         dsl=ctx.dsl,

@@ -34,6 +34,13 @@ def coordinator(log_level: str = LogLevel) -> None:
     )
 
 
+def _shared_worker(role: str, queue: str, pool: str, concurrency: int, log_level: str) -> None:
+    from croqq.cluster.boot import run_celery_worker
+
+    _prepare(log_level)
+    run_celery_worker(load_settings(), role, queue, f"{role}-{os.getpid()}", pool, concurrency, log_level)
+
+
 @app.command("build-worker")
 def build_worker(
     concurrency: int = typer.Option(
@@ -42,18 +49,9 @@ def build_worker(
     log_level: str = LogLevel,
 ) -> None:
     """Run a build worker (queue `build`): materializes and compiles candidates. Run any number."""
-    from croqq.cluster.boot import run_celery_worker
-
-    _prepare(log_level)
     settings = load_settings()
-    run_celery_worker(
-        settings,
-        "build",
-        queues.BUILD,
-        f"build-{os.getpid()}",
-        settings.build_pool,
-        concurrency or settings.build_concurrency,
-        log_level,
+    _shared_worker(
+        "build", queues.BUILD, settings.build_pool, concurrency or settings.build_concurrency, log_level
     )
 
 
@@ -65,19 +63,8 @@ def ideate_worker(
     log_level: str = LogLevel,
 ) -> None:
     """Run an ideate worker (queue `ideate`): the proposer (search, or an external agent command)."""
-    from croqq.cluster.boot import run_celery_worker
-
-    _prepare(log_level)
     settings = load_settings()
-    run_celery_worker(
-        settings,
-        "ideate",
-        queues.IDEATE,
-        f"ideate-{os.getpid()}",
-        "threads",
-        concurrency or settings.ideate_concurrency,
-        log_level,
-    )
+    _shared_worker("ideate", queues.IDEATE, "threads", concurrency or settings.ideate_concurrency, log_level)
 
 
 @app.command()

@@ -138,6 +138,7 @@ class Injector:
         if barrier is None:
             shot.target, shot.role = victim, victim
             shot.landed = self._signal(victim) is not None
+            shot.note = "" if shot.landed else f"{victim} was not running (restarting after an earlier kill)"
             return shot
         reached = self._land(barrier)
         if reached is None:
@@ -237,6 +238,8 @@ class Injector:
         try:
             if shot.role:
                 return self._role_back(shot.role)
+            if shot.steps:
+                return all(self._step_finished(step_id, shot) for step_id in shot.steps)
             if shot.shapes:
                 shapes = self._shapes()
                 return all(
@@ -246,6 +249,14 @@ class Injector:
             return self.rounds() > shot.baseline_rounds or self._all_done()
         except Exception:  # Redis restarting
             return False
+
+    def _step_finished(self, step_id: str, shot: Injected) -> bool:
+        """The killed step was finished by someone else, or its shape has moved past it."""
+        if text(self.client.hget(keys.step(step_id), "status")) == "done":
+            return True
+        sid = step_id.split("#", 1)[0]
+        shape = self._shapes().get(sid)
+        return shape is None or shape.status == "done" or shape.current_iter > shot.shapes.get(sid, 1 << 30)
 
     def _role_back(self, role: str) -> bool:
         """The restarted process of ``role`` holds its lease (beat) or is registered (workers)."""

@@ -58,7 +58,7 @@ def stored_iterations(repo_path: Path) -> Counter[tuple[str, str, int]]:
     """(run, key, iteration) -> rows in the branch tip's results.tsv files."""
     from croqq.store.gitrepo import GitRepo
 
-    repo = GitRepo.open_existing(repo_path)
+    repo = GitRepo.open_existing(repo_path).freeze()
     rows: Counter[tuple[str, str, int]] = Counter()
     for gpu, dsl in list_runs(repo):
         run = RunPaths(gpu, dsl)

@@ -17,7 +17,7 @@ from croqq.domain.records import Measurement, MeasureResult
 from croqq.errors import IllegalTransitionError
 from croqq.settings import Settings
 from croqq.store import paths
-from croqq.store.schema import AttemptRecord, Checkpoint, RoundRecord, StateEntry, StoreRequest
+from croqq.store.schema import AttemptRecord, Checkpoint, RoundRecord, StoreRequest, state_entry
 
 
 def now_iso() -> str:
@@ -57,20 +57,6 @@ def _checkpoint(manifest: Manifest, state: ShapeState, loop: Loop, status: str) 
     )
 
 
-def _state_entry(ckpt: Checkpoint) -> StateEntry:
-    return StateEntry(
-        status=ckpt.status,
-        current_iter=ckpt.current_iter,
-        best_iter=ckpt.best_iter,
-        best_tflops=ckpt.best_tflops,
-        baseline_tflops=ckpt.baseline_tflops,
-        best_kernel=ckpt.best_kernel,
-        mode=ckpt.mode,
-        scenarios=ckpt.scenarios,
-        region=ckpt.region,
-    )
-
-
 def _after(state: ShapeState) -> Loop:
     """The loop as it will be once this STORE is acknowledged (what the checkpoint must say)."""
     from croqq.domain.fsm import Stored, transition
@@ -100,7 +86,7 @@ def store_request(
         "epoch": epoch,
         "step_id": step_id,
         "checkpoint": ckpt,
-        "state": _state_entry(ckpt),
+        "state": state_entry(ckpt),
     }
     if pending.attempt_no is not None:
         assert pending.idea is not None and pending.build is not None

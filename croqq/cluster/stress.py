@@ -60,7 +60,7 @@ class StressResult:
     config: StressConfig
     schedule: list[PlannedFault]
     injected: list[Injected] = field(default_factory=list)
-    checkpoints: list[dict[str, object]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
 
@@ -170,7 +170,7 @@ def _finished(cluster: LocalCluster, subs: list[str]) -> bool:
         return False
 
 
-def _checkpoint(cluster: LocalCluster) -> dict[str, object]:
+def _checkpoint(cluster: LocalCluster) -> dict[str, Any]:
     problems = validate_repo(Path(cluster.settings.results_repo), None)
     rounds = int(cluster.client.hget(keys.STATS, "stored") or 0)
     return {
@@ -222,6 +222,7 @@ def _summarize(result: StressResult, repo: Path, counters: dict[str, int], secon
         "migrations": counters.get("migrations", 0),
         "validate_checkpoints": len(result.checkpoints),
         "validate_ok": validate_ok,
+        "validate_problems": [p for c in result.checkpoints for p in c["problems"]][:20],
         "seconds": round(seconds, 1),
         "rounds_per_s": round(stored / seconds, 2) if seconds else 0.0,
         "ok": result.ok,

@@ -22,7 +22,7 @@ from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo
 from croqq.store.load import list_runs, load_checkpoint, load_state
 from croqq.store.render import TRAILER_RESET
-from croqq.store.schema import Checkpoint, StateEntry
+from croqq.store.schema import state_entry
 from croqq.store.validate import Problem, ShapeRef, validate_tip
 
 log = logging.getLogger(__name__)
@@ -74,20 +74,6 @@ def active_shapes(repo: GitRepo, dsl: str | None) -> list[ShapeRef]:
     return found
 
 
-def _entry(ckpt: Checkpoint) -> StateEntry:
-    return StateEntry(
-        status=ckpt.status,
-        current_iter=ckpt.current_iter,
-        best_iter=ckpt.best_iter,
-        best_tflops=ckpt.best_tflops,
-        baseline_tflops=ckpt.baseline_tflops,
-        best_kernel=ckpt.best_kernel,
-        mode=ckpt.mode,
-        scenarios=ckpt.scenarios,
-        region=ckpt.region,
-    )
-
-
 def _state_without(repo: GitRepo, run: paths.RunPaths, drop: set[str], rebuild: bool) -> bytes | None:
     """state.json without the ``drop`` keys; None to leave it as it is. An unreadable state.json is
     rebuilt from the kept checkpoints when ``rebuild`` (full clean), else left alone."""
@@ -99,7 +85,7 @@ def _state_without(repo: GitRepo, run: paths.RunPaths, drop: set[str], rebuild: 
         log.warning("rebuilding state.json from the kept checkpoints: %s", exc)
         kept = [k for k in _run_keys(repo, run) - drop if _is_kept(repo, run, k)]
         ckpts = {k: load_checkpoint(repo, run.gpu, run.dsl, k) for k in kept}
-        entries = {k: render.state_line(k, _entry(c)) for k, c in ckpts.items() if c is not None}
+        entries = {k: render.state_line(k, state_entry(c)) for k, c in ckpts.items() if c is not None}
         return render.state_text(run.gpu, run.dsl, entries).encode()
     if state is None or not drop & set(state.shapes):
         return None

@@ -142,6 +142,7 @@ class GitRepo:
         self._made: set[str] = set()
         self._last_flush = 0.0
         self._closed = False
+        self._frozen = False
         self.before_ref_move: Callable[[], None] | None = None
         self._refresh()
         if self._tip is None and create:
@@ -226,7 +227,15 @@ class GitRepo:
             return None
         return ref.resolve().target  # type: ignore[return-value]
 
+    def freeze(self) -> GitRepo:
+        """Pin every later read to the current tip: a consistent snapshot while a writer commits."""
+        self._refresh()
+        self._frozen = True
+        return self
+
     def _refresh(self) -> None:
+        if self._frozen:
+            return
         target = self._ref_target()
         if target != self._tip:
             self._tip = target

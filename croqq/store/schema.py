@@ -85,6 +85,11 @@ class StateEntry(_Schema):
     region: str
 
 
+def state_entry(ckpt: Checkpoint) -> StateEntry:
+    """A shape's state.json entry: the checkpoint's summary fields (they must agree)."""
+    return StateEntry(**ckpt.model_dump(include=set(StateEntry.model_fields)))
+
+
 class StateFile(_Schema):
     schema_version: Literal[1] = SCHEMA_VERSION
     gpu: str

@@ -367,7 +367,7 @@ def validate_repo(repo_path: Path, dsl: str | None, branch: str = "main") -> lis
     """Validate the committed results (the branch tip) of the repo at ``repo_path``."""
     if not repo_path.exists():
         raise ConfigError(f"{repo_path}: no results repo here")
-    repo = GitRepo.open_existing(repo_path, branch)
+    repo = GitRepo.open_existing(repo_path, branch).freeze()  # one tip, even while the writer commits
     try:
         return validate_tip(repo, dsl)
     finally:
