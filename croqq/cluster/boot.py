@@ -86,6 +86,11 @@ def run_celery_worker(
         lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"the {role} lock")
     node_name = f"{node}@{host_name()}"
     registry.register_worker(client, node_name, [queue], role)
+    from croqq.cluster.runtime import get_runtime
+
+    reclaimed = get_runtime().ledger.reclaim_dead_local()
+    if reclaimed:
+        log.warning("re-queued %d step(s) left running by dead processes of this host", reclaimed)
     hb = Heartbeat(settings.lease_ttl_s / 4, name=f"croqq-{role}-heartbeat")
     hb.add("worker", lambda: registry.beat_worker(client, node_name))
     if lease is not None:

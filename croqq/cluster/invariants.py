@@ -11,9 +11,7 @@ lease is overdue.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -23,6 +21,7 @@ import pygit2
 import redis
 
 from croqq.cluster import keys
+from croqq.cluster.leases import dead_local
 from croqq.cluster.redis_client import strs, text
 from croqq.store.load import list_runs
 from croqq.store.paths import RunPaths
@@ -107,26 +106,12 @@ def repo_problems(repo_path: Path, dsl: str | None = None) -> list[Problem]:
     return problems + fsck_problems(repo_path)
 
 
-def _dead_local(owner: str) -> bool:
-    """An owner ``host:pid:...`` on this host whose process no longer exists."""
-    parts = owner.split(":")
-    if len(parts) < 2 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def live_problems(client: redis.Redis, grace_s: float) -> list[str]:
     """Leases held by dead processes, and running steps whose lease is overdue by more than ``grace_s``."""
     problems = []
     for key in strs(client.scan_iter(match=keys.lease("*"), count=500)):
         owner = text(client.get(key)) or ""
-        if _dead_local(owner):
+        if dead_local(owner):
             problems.append(f"{key} is held by {owner}, a process that no longer exists")
     now = time.time()
     running: list[tuple[str, float]] = list(client.zrange(keys.RUNNING, 0, -1, withscores=True))  # type: ignore[arg-type]

@@ -37,6 +37,20 @@ return 0
 """
 
 
+def dead_local(owner: str) -> bool:
+    """An owner ``host:pid:...`` on this host whose process no longer exists (a SIGKILLed predecessor)."""
+    parts = owner.split(":")
+    if len(parts) < 2 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def owner_id(tag: str = "") -> str:
     """A unique owner string naming host and pid, e.g. ``node1:4711:3f9a2c1b``."""
     suffix = f":{tag}" if tag else ""
@@ -55,11 +69,15 @@ class Lease:
         return bool(self.client.set(self.key, self.owner, px=self.ttl_ms, nx=True))
 
     def acquire(self, wait_s: float, what: str) -> None:
-        """Take the lease, waiting up to ``wait_s`` for a dead holder's lease to expire."""
+        """Take the lease, waiting up to ``wait_s`` for a dead holder's lease to expire (a holder on this
+        host whose process is gone is released at once: a supervisor restarting a killed process)."""
         deadline = time.monotonic() + wait_s
         while not self.try_acquire():
+            holder = text(self.client.get(self.key)) or ""
+            if dead_local(holder) and self.client.eval(_RELEASE, 1, self.key, holder):
+                log.warning("released %s held by %s, a process that no longer exists", self.key, holder)
+                continue
             if time.monotonic() >= deadline:
-                holder = text(self.client.get(self.key))
                 raise LeaseHeldError(
                     f"{what} is already held by {holder} (lease {self.key}); only one may run - stop it first"
                 )

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from croqq.cluster import keys
 from croqq.cluster.queues import GPU_KINDS, SHARED_QUEUE
-from croqq.cluster.redis_client import strs
+from croqq.cluster.redis_client import strs, text
 from croqq.cluster.state import ShapeState
 from croqq.domain.fsm import Measured, Phase, Proposed, Stored, decide_event, transition
 from croqq.errors import StaleStepError
@@ -358,6 +358,18 @@ class Ledger:
             log.warning("re-dispatching %s %s as epoch %d: %s", record0.kind, step_id, new.epoch, reason)
             self.publish([new])
         return bool(done)
+
+    def reclaim_dead_local(self) -> int:
+        """Re-queue at once the running steps whose owner was a process of this host that is gone (a
+        restarted worker calls this: no need to wait for the lease to expire)."""
+        from croqq.cluster.leases import dead_local
+
+        count = 0
+        for step_id in strs(self.client.zrange(keys.RUNNING, 0, -1)):
+            owner = text(self.client.hget(keys.step(step_id), "owner"))
+            if owner and dead_local(owner):
+                count += self.requeue(step_id, f"its owner {owner} died", expect_owner=owner)
+        return count
 
     def expire_leases(self) -> int:
         """Re-queue every running step whose lease deadline has passed."""

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
 
 from croqq.cluster import housekeeping, queues, registry
 from croqq.cluster.app import app
@@ -17,6 +17,15 @@ from croqq.errors import InvalidRecordError, RetryableError
 from croqq.settings import get_settings
 
 log = logging.getLogger(__name__)
+
+
+@worker_process_init.connect
+def _reclaim(**_: Any) -> None:
+    """A new pool child (its predecessor may have been killed mid-step): re-queue dead processes' steps."""
+    try:
+        get_runtime().ledger.reclaim_dead_local()
+    except Exception as exc:  # bookkeeping must never keep a child from starting
+        log.warning("could not reclaim steps of dead processes: %s", exc)
 
 
 @worker_process_shutdown.connect
