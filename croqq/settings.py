@@ -40,6 +40,12 @@ class Settings(BaseSettings):
         True, description="Also write files into the results repo's working tree and index (non-bare repos)."
     )
     manifest: Path = Field(PROJECT_ROOT / "kernels" / "manifest.json")
+    build_dir: Path = Field(
+        Path(""), description="Where the cuda backend compiles candidates (default <run dir>/build)."
+    )
+    kernels_dir: Path = Field(
+        PROJECT_ROOT, description="Root that the manifest's include_dirs are relative to."
+    )
 
     # -- backends ---------------------------------------------------------------------------------
     backend: Literal["sim", "cuda"] = "sim"
@@ -109,6 +115,9 @@ class Settings(BaseSettings):
                 f"CROQQ_BROKER_URL={self.broker_url!r} is not a Redis URL; use redis://host:6379/0 or unix:///path"
             )
         return self
+
+    def resolved_build_dir(self) -> Path:
+        return self.build_dir if str(self.build_dir) not in ("", ".") else self.run_dir / "build"
 
     def resolved_broker_url(self) -> str:
         """The broker URL to use: the configured one, else the embedded Redis of the run folder."""

@@ -8,6 +8,7 @@ progress; Ctrl-C stops everything cleanly, and running it again resumes where it
 
 from __future__ import annotations
 
+import signal
 import time
 
 import typer
@@ -56,6 +57,8 @@ def up(
         env["CROQQ_SIM_GPUS"] = str(sim_gpus)
     cluster = LocalCluster(env, log_level)
     console = Console()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a supervisor's stop: shut down cleanly
+        signal.signal(sig, _interrupt)
     interrupted = False
     cluster.start()
     try:
@@ -76,6 +79,10 @@ def up(
         cluster.stop()
     if interrupted:
         console.print("stopped; run the same command again to resume where it stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _watch(cluster: LocalCluster, submission: str | None, exit_when_done: bool, console: Console) -> bool:

@@ -41,6 +41,9 @@ class DtypeSpec(_Strict):
     rtol: float = Field(gt=0)
     a_bytes: int = Field(gt=0)
     c_bytes: int = Field(gt=0)
+    in_all: bool = Field(
+        True, description="Part of `--dtype all` (the 2:4 sparse dtype is asked for by name)."
+    )
 
 
 class Scenario(_Strict):

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Outcome = Literal["ok", "wrong_answer", "crash", "hang"]
+Outcome = Literal["ok", "wrong_answer", "crash", "hang", "invalid"]  # invalid: faster than the GPU's peak
 Bottleneck = Literal["memory", "compute", "latency", "launch", "unknown"]
 Strategy = Literal["refine", "escalate", "radical"]
 

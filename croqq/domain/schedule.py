@@ -72,7 +72,7 @@ def log_distance(manifest: Manifest, m: int, n: int, k: int) -> float:
 
 def expand_dtypes(manifest: Manifest, dtype: str) -> list[str]:
     if dtype == "all":
-        return list(manifest.dtypes)
+        return [name for name, spec in manifest.dtypes.items() if spec.in_all]
     check_dtype(manifest, dtype)
     return [dtype]
 

@@ -28,7 +28,7 @@ def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--dtype", "fp32"], "unknown dtype 'fp32'; use --dtype f16|e4m3|all"),
+        (["--dtype", "fp32"], "unknown dtype 'fp32'; use --dtype f16|e4m3|f16sp|all"),
         (["--dtype", "f16", "--shape", "12x"], "shape '12x' is not MxNxK"),
         (["--dtype", "f16", "--shape", "64x64x64"], "shape 64x64x64: M=64 is below the minimum M>=128"),
         (["--dtype", "f16", "--mode", "fastest"], "unknown mode 'fastest'"),

@@ -105,7 +105,7 @@ def test_single_shape_must_pass_constraints(manifest) -> None:  # type: ignore[n
 
 
 def test_unknown_dtype_is_refused_with_the_choices(manifest) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ConfigError, match=r"unknown dtype 'fp32'; use --dtype f16\|e4m3\|all"):
+    with pytest.raises(ConfigError, match=r"unknown dtype 'fp32'; use --dtype f16\|e4m3\|f16sp\|all"):
         build_schedule(manifest, "fp32")
 
 
@@ -131,3 +131,8 @@ def test_manifest_missing_a_scenario_is_refused(tmp_path: Path) -> None:
     bad.write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match="missing scenario"):
         load_manifest(bad)
+
+
+def test_sparse_dtype_is_asked_for_by_name_not_part_of_all(manifest) -> None:  # type: ignore[no-untyped-def]
+    assert {s.dtype for s in build_schedule(manifest, "all")} == {"f16", "e4m3"}
+    assert len(build_schedule(manifest, "f16sp")) == 134

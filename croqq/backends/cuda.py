@@ -1,0 +1,359 @@
+"""The real GPU backend: nvcc builds, the timing harness on the claimed GPU, ncu profiles.
+
+- **build** (build workers): the candidate's source goes to ``<build dir>/<key>-<hash>/cand.cu`` and is
+  compiled with the manifest's build config (its own timeout, ``compile_timeout_s``); a failure is a
+  BuildOutcome with the compiler's first error line and the log's tail, never an exception. A binary
+  already built for the same content hash is reused.
+- **measure** (GPU workers): runs the binary with ``CUDA_VISIBLE_DEVICES=<uuid>`` under ``run_timeout_s``
+  in its own process group (a hang kills the group), parses the harness's JSON line (see
+  ``kernels/README.md``) and records clocks, temperature and clock-event reasons before and after. A binary
+  built on another host is rebuilt here from the artifact's knobs. Several artifacts are run alternately.
+- **profile**: ``ncu --csv`` with a fixed metric set on the candidate kernel; the bottleneck is classified
+  from throughput and duration (:func:`classify`).
+- **vendor_tflops**: the harness's ``--cublas`` mode on the same shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from croqq.backends._base import Backend, GpuContext
+from croqq.domain.knobs import Candidate, make_candidate
+from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
+from croqq.domain.shapes import Shape
+from croqq.errors import ConfigError, InvalidRecordError
+
+log = logging.getLogger(__name__)
+
+NCU_METRICS = (
+    "gpu__time_duration.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__grid_size",
+)
+KERNEL_NAME = "regex:croqq_gemm"
+STATUS_OUTCOME: dict[str, Outcome] = {
+    "ok": "ok",
+    "wrong_answer": "wrong_answer",
+    "invalid": "invalid",
+    "error": "crash",
+}
+LOG_TAIL = 4000
+
+
+class CudaArtifact(BaseModel):
+    """What a build hands to the GPU worker: enough to find the binary, or to rebuild it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: str = "cuda"
+    key: str
+    dsl: str
+    content_hash: str
+    knobs: dict[str, int]
+    binary: str
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+
+
+def run_process(
+    argv: list[str], timeout_s: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Run:
+    """Run a command in its own process group; kill the whole group if it outlives ``timeout_s``."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return Run(proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return Run(None, out, err)
+
+
+def parse_harness(stdout: str) -> dict[str, object]:
+    """The harness's one JSON line (the last line of stdout that is a JSON object)."""
+    for raw_line in reversed(stdout.strip().splitlines()):
+        line = raw_line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                return data
+    raise InvalidRecordError("the timing harness printed no JSON result line")
+
+
+def _num(data: dict[str, object], key: str) -> float:
+    value = data.get(key)
+    try:
+        return float(value) if isinstance(value, int | float | str) else 0.0
+    except ValueError:
+        return 0.0
+
+
+def first_error(log_text: str) -> str:
+    """The compiler's first error line (what an attempt record shows)."""
+    for line in log_text.splitlines():
+        if "error" in line.lower():
+            return line.strip()[:300]
+    lines = [ln for ln in log_text.splitlines() if ln.strip()]
+    return (lines[-1].strip() if lines else "compile failed")[:300]
+
+
+def parse_ncu_csv(text: str) -> dict[str, float]:
+    """Metric name -> value for the (first) profiled kernel of ``ncu --csv`` output."""
+    start = text.find('"ID"')
+    if start < 0:
+        raise InvalidRecordError("ncu printed no CSV table (is the kernel name right?)")
+    metrics: dict[str, float] = {}
+    first_id = None
+    for row in csv.DictReader(io.StringIO(text[start:])):
+        first_id = first_id or row.get("ID")
+        if row.get("ID") != first_id or not row.get("Metric Name"):
+            continue
+        value = (row.get("Metric Value") or "").replace(",", "")
+        with contextlib.suppress(ValueError):
+            metrics[row["Metric Name"]] = float(value)
+    if not metrics:
+        raise InvalidRecordError("ncu CSV holds no numeric metric values")
+    return metrics
+
+
+def classify(metrics: dict[str, float]) -> Bottleneck:
+    """memory / compute / latency / launch, from the fixed metric set (percentages of peak)."""
+    duration_us = metrics.get("gpu__time_duration.sum", 0.0) / 1000.0
+    compute = metrics.get("sm__throughput.avg.pct_of_peak_sustained_elapsed", 0.0)
+    memory = max(
+        metrics.get("dram__throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
+        metrics.get("lts__throughput.avg.pct_of_peak_sustained_elapsed", 0.0),
+    )
+    if 0 < duration_us < 20:
+        return "launch"
+    if compute >= 60 and compute >= memory:
+        return "compute"
+    if memory >= 60:
+        return "memory"
+    return "latency"
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    _last_binary: Path | None = None  # the shape's seed binary, for the cuBLAS reference run
+
+    @property
+    def build_dir(self) -> Path:
+        return self.settings.resolved_build_dir()
+
+    # -- build ----------------------------------------------------------------------------------------
+
+    def compile_command(self, dtype: str, source: Path, binary: Path) -> list[str]:
+        spec = self.manifest.dsl("cuda").build
+        root = self.settings.kernels_dir
+        includes = [f"-I{(root / d).resolve()}" for d in spec.include_dirs]
+        return [
+            spec.compiler,
+            *spec.flags,
+            f"-arch={spec.arch}",
+            *spec.dtype_flags.get(dtype, []),
+            *includes,
+            "-o",
+            str(binary),
+            str(source),
+            *spec.libs,
+        ]
+
+    def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
+        folder = self.build_dir / f"{shape.key}-{candidate.short_hash}"
+        binary = folder / "gemm"
+        artifact = CudaArtifact(
+            key=shape.key,
+            dsl=candidate.dsl,
+            content_hash=candidate.content_hash,
+            knobs=candidate.knobs,
+            binary=str(binary.resolve()),
+        ).model_dump_json()
+        if binary.exists():
+            return BuildOutcome(ok=True, artifact=artifact, log="(cached)")
+        folder.mkdir(parents=True, exist_ok=True)
+        source = folder / "cand.cu"
+        source.write_text(candidate.source)
+        command = self.compile_command(shape.dtype, source, folder / "gemm.tmp")
+        if shutil.which(command[0]) is None:
+            raise ConfigError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
+        run = run_process(command, self.settings.compile_timeout_s)
+        text = (run.stdout + run.stderr)[-LOG_TAIL:]
+        (folder / "build.log").write_text(text)
+        if run.returncode is None:
+            return BuildOutcome(
+                ok=False, reason=f"compile timed out after {self.settings.compile_timeout_s:.0f}s", log=text
+            )
+        if run.returncode != 0:
+            return BuildOutcome(ok=False, reason=first_error(text), log=text)
+        os.replace(folder / "gemm.tmp", binary)
+        return BuildOutcome(ok=True, artifact=artifact, log=text)
+
+    def _binary(self, shape: Shape, artifact: str) -> Path:
+        """The artifact's binary; rebuilt here when it was built on another host."""
+        art = CudaArtifact.model_validate_json(artifact)
+        if art.key != shape.key:
+            raise InvalidRecordError(f"artifact for {art.key} used for {shape.key}")
+        path = Path(art.binary)
+        if path.exists():
+            return path
+        cand = make_candidate(self.manifest, art.dsl, shape, art.knobs)
+        outcome = self.build(shape, cand)
+        if not outcome.ok:
+            raise InvalidRecordError(
+                f"{shape.key}: rebuilding {art.content_hash[:12]} here failed: {outcome.reason}"
+            )
+        return Path(CudaArtifact.model_validate_json(outcome.artifact).binary)
+
+    # -- measure --------------------------------------------------------------------------------------
+
+    def harness_args(self, gpu: GpuContext, shape: Shape) -> list[str]:
+        spec = self.manifest.dtypes[shape.dtype]
+        return [
+            "--atol",
+            str(spec.atol),
+            "--rtol",
+            str(spec.rtol),
+            "--peak-tflops",
+            str(self.peak_tflops(gpu.gpu_type, shape.dtype)),
+        ]
+
+    def _env(self, gpu: GpuContext) -> dict[str, str]:
+        return {"CUDA_VISIBLE_DEVICES": gpu.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    def run_harness(
+        self, gpu: GpuContext, shape: Shape, binary: Path, extra: Sequence[str] = ()
+    ) -> Measurement:
+        start = gpu.probe.snapshot(gpu.uuid)
+        run = run_process(
+            [str(binary), *self.harness_args(gpu, shape), *extra],
+            self.settings.run_timeout_s,
+            env=self._env(gpu),
+        )
+        end = gpu.probe.snapshot(gpu.uuid)
+        raw = (run.stdout + "\n" + run.stderr)[-LOG_TAIL:]
+        if run.returncode is None:
+            return Measurement(
+                outcome="hang",
+                detail=f"killed after {self.settings.run_timeout_s:.0f}s",
+                start=start,
+                end=end,
+                raw=raw,
+            )
+        try:
+            data = parse_harness(run.stdout)
+        except InvalidRecordError as exc:
+            why = f"exit {run.returncode}" if run.returncode >= 0 else f"signal {-run.returncode}"
+            return Measurement(
+                outcome="crash",
+                detail=f"{why}: {exc}; {run.stderr.strip()[-200:]}",
+                start=start,
+                end=end,
+                raw=raw,
+            )
+        return self._measurement(gpu, shape, data, start, end, raw)
+
+    def _measurement(
+        self,
+        gpu: GpuContext,
+        shape: Shape,
+        data: dict[str, object],
+        start: GpuSnapshot,
+        end: GpuSnapshot,
+        raw: str,
+    ) -> Measurement:
+        outcome = STATUS_OUTCOME.get(str(data.get("status")), "crash")
+        tflops = _num(data, "tflops") if outcome == "ok" else 0.0
+        return Measurement(
+            outcome=outcome,
+            tflops=tflops,
+            hw_eff_pct=self.hw_eff_pct(gpu.gpu_type, shape.dtype, tflops),
+            median_ms=_num(data, "median_ms"),
+            min_ms=_num(data, "min_ms"),
+            max_ms=_num(data, "max_ms"),
+            repeats=int(_num(data, "repeats")),
+            verified=bool(data.get("verified")),
+            detail=str(data.get("detail") or ""),
+            start=start,
+            end=end,
+            raw=raw,
+        )
+
+    def measure(self, gpu: GpuContext, shape: Shape, artifacts: Sequence[str]) -> list[Measurement]:
+        binaries = [self._binary(shape, a) for a in artifacts]
+        self._last_binary = binaries[0]
+        return [self.run_harness(gpu, shape, b) for b in binaries]
+
+    def vendor_tflops(self, gpu: GpuContext, shape: Shape) -> float | None:
+        binary = self._last_binary
+        if binary is None:
+            return None
+        result = self.run_harness(gpu, shape, binary, ["--cublas", "--no-verify"])
+        return result.tflops if result.outcome == "ok" else None
+
+    # -- profile --------------------------------------------------------------------------------------
+
+    def profile(self, gpu: GpuContext, shape: Shape, artifact: str) -> Profile:
+        binary = self._binary(shape, artifact)
+        ncu = shutil.which("ncu")
+        if ncu is None:
+            return Profile(bottleneck="unknown", raw="ncu not found on this GPU host")
+        argv = [
+            ncu,
+            "--csv",
+            "--metrics",
+            ",".join(NCU_METRICS),
+            "-k",
+            KERNEL_NAME,
+            "-c",
+            "1",
+            str(binary),
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--no-verify",
+            "--seeds",
+            "1",
+        ]
+        run = run_process(argv, self.settings.run_timeout_s * 4, env=self._env(gpu))
+        text = run.stdout + run.stderr
+        try:
+            metrics = parse_ncu_csv(run.stdout)
+        except InvalidRecordError as exc:
+            log.warning("%s: profile failed: %s", shape.key, exc)
+            return Profile(bottleneck="unknown", raw=text[-LOG_TAIL:])
+        return Profile(bottleneck=classify(metrics), metrics=metrics, raw=text[-LOG_TAIL:])

@@ -1,0 +1,189 @@
+"""`make gpu-check`: the real GPU path end to end, in one script (under 8 minutes on one H100/H200).
+
+1. builds the reference kernel of every dtype for three shapes (nvcc, in parallel);
+2. verifies each and measures it against cuBLAS on the same shape (the dense f16 ratio at 8192^3 is the
+   headline figure);
+3. measures one kernel 10 times and reports the spread (max/min of the medians);
+4. runs a 3-iteration tuning loop for one shape through the real cluster (local Redis, one GPU worker,
+   the writer) and prints its results.tsv.
+
+Prints tables and writes ``bench/gpu_check.json``. Without an NVIDIA GPU it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from croqq.backends._base import GpuContext
+from croqq.backends.cuda import CudaBackend
+from croqq.domain.knobs import make_candidate, seed_knobs
+from croqq.domain.manifest import Manifest, load_manifest
+from croqq.domain.shapes import Shape
+from croqq.probes.nvml import NvmlProbe, nvml_available
+from croqq.settings import PROJECT_ROOT, Settings
+
+SHAPES = ((2048, 2048, 2048), (4096, 8192, 4096), (8192, 8192, 8192))
+DTYPES = ("f16", "f16sp", "e4m3")
+SPREAD_RUNS = 10
+LOOP_SHAPE, LOOP_ITERS = "4096x8192x4096", 3
+
+
+def _gpu(manifest: Manifest, console: Console) -> GpuContext:
+    probe = NvmlProbe()
+    info = probe.discover()[0]
+    gpu_type = info.gpu_type
+    if gpu_type not in manifest.gpus:
+        console.print(f"[yellow]{gpu_type} has no peak figures in the manifest; using the H100's[/]")
+        gpu_type = "sm90_NVIDIA_H100_80GB_HBM3"
+    return GpuContext(uuid=info.uuid, index=info.index, gpu_type=gpu_type, probe=probe)
+
+
+def _build_all(backend: CudaBackend, manifest: Manifest) -> dict[tuple[str, tuple[int, int, int]], str]:
+    jobs = {}
+    for dtype in DTYPES:
+        for dims in SHAPES:
+            shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
+            cand = make_candidate(manifest, "cuda", shape, seed_knobs(manifest, "cuda", dtype, "reference"))
+            jobs[(dtype, dims)] = (shape, cand)
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
+        builds = {key: pool.submit(backend.build, shape, cand) for key, (shape, cand) in jobs.items()}
+    out = {}
+    for key, future in builds.items():
+        outcome = future.result()
+        if not outcome.ok:
+            raise SystemExit(f"gpu-check: {key[0]} {key[1]} does not build: {outcome.reason}")
+        out[key] = outcome.artifact
+    return out
+
+
+def _versus_cublas(
+    backend: CudaBackend, gpu: GpuContext, artifacts: dict[tuple[str, tuple[int, int, int]], str]
+) -> list[dict[str, object]]:
+    rows = []
+    for (dtype, dims), artifact in artifacts.items():
+        shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
+        (ours,) = backend.measure(gpu, shape, [artifact])
+        vendor = backend.vendor_tflops(gpu, shape)
+        rows.append(
+            {
+                "dtype": dtype,
+                "shape": "x".join(map(str, dims)),
+                "outcome": ours.outcome,
+                "verified": ours.verified,
+                "tflops": ours.tflops,
+                "cublas_tflops": vendor,
+                "ratio": round(ours.tflops / vendor, 3) if vendor else None,
+                "hw_eff_pct": ours.hw_eff_pct,
+                "detail": ours.detail,
+            }
+        )
+    return rows
+
+
+def _spread(backend: CudaBackend, gpu: GpuContext, artifact: str) -> dict[str, float]:
+    shape = Shape(dtype="f16", m=8192, n=8192, k=8192)
+    medians = [backend.measure(gpu, shape, [artifact])[0].median_ms for _ in range(SPREAD_RUNS)]
+    return {
+        "runs": SPREAD_RUNS,
+        "min_ms": min(medians),
+        "max_ms": max(medians),
+        "spread_pct": round(100 * (max(medians) / min(medians) - 1), 3),
+        "median_ms": statistics.median(medians),
+    }
+
+
+def _tuning_loop(work: Path, build_dir: Path) -> list[str]:
+    from croqq.cluster.local import LocalCluster
+
+    env = {
+        "CROQQ_RUN_DIR": str(work / "run"),
+        "CROQQ_RESULTS_REPO": str(work / "results"),
+        "CROQQ_BACKEND": "cuda",
+        "CROQQ_PROBE": "nvml",
+        "CROQQ_BUILD_DIR": str(build_dir),
+        "CROQQ_BROKER_URL": "",
+        "CROQQ_PIPELINE_DEPTH": "1",
+        "CROQQ_BUILD_CONCURRENCY": "4",
+    }
+    with LocalCluster(env, log_level="INFO") as cluster:
+        cluster.wait_gpus(timeout_s=120)
+        sub = cluster.submit("f16", shape=LOOP_SHAPE, max_iter=LOOP_ITERS)
+        cluster.wait_done(sub, timeout_s=420)
+        gpu_type = sorted({s.split("/")[0] for s in cluster.snapshot(sub).shapes})[0]
+    tsv = work / "results" / "tuning" / gpu_type / "cuda" / "logs" / f"f16_{LOOP_SHAPE}" / "results.tsv"
+    return tsv.read_text().splitlines() if tsv.exists() else []
+
+
+def _print(
+    console: Console, rows: list[dict[str, object]], spread: dict[str, float], loop: list[str]
+) -> None:
+    table = Table(title="reference kernels vs cuBLAS")
+    for col in ("dtype", "shape", "outcome", "TFLOPS", "cuBLAS", "ratio", "% of peak"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            str(r["dtype"]),
+            str(r["shape"]),
+            str(r["outcome"]),
+            f"{r['tflops']:.1f}",
+            f"{r['cublas_tflops'] or 0:.1f}",
+            str(r["ratio"]),
+            f"{r['hw_eff_pct']:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"spread of {spread['runs']} measurements (f16 8192^3): {spread['spread_pct']:.2f}% "
+        f"(min {spread['min_ms']:.4f} ms, max {spread['max_ms']:.4f} ms)"
+    )
+    console.print("tuning loop results.tsv:")
+    for line in loop:
+        console.print("  " + "  ".join(line.split("\t")[:6]))
+
+
+def main() -> None:
+    console = Console()
+    if not nvml_available():
+        console.print("gpu-check: no NVIDIA GPU found (NVML reports none); run it on a GPU host")
+        sys.exit(2)
+    settings = Settings(backend="cuda", probe="nvml")
+    manifest = load_manifest(settings.manifest)
+    work = Path(tempfile.mkdtemp(prefix="croqq-gpu-check-"))
+    build_dir = work / "build"
+    backend = CudaBackend(manifest, settings.model_copy(update={"build_dir": build_dir}))
+    gpu = _gpu(manifest, console)
+    started = time.monotonic()
+    artifacts = _build_all(backend, manifest)
+    console.print(f"built {len(artifacts)} kernels in {time.monotonic() - started:.0f}s")
+    rows = _versus_cublas(backend, gpu, artifacts)
+    spread = _spread(backend, gpu, artifacts[("f16", (8192, 8192, 8192))])
+    loop = _tuning_loop(work, build_dir)
+    _print(console, rows, spread, loop)
+    headline = next(
+        (r["ratio"] for r in rows if r["dtype"] == "f16" and r["shape"] == "8192x8192x8192"), None
+    )
+    report = {
+        "gpu": gpu.gpu_type,
+        "seconds": round(time.monotonic() - started, 1),
+        "kernels": rows,
+        "f16_8192_ratio_to_cublas": headline,
+        "spread": spread,
+        "tuning_loop_rows": loop,
+    }
+    out = PROJECT_ROOT / "bench" / "gpu_check.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"f16 8192^3 / cuBLAS = {headline}; report in {out} ({report['seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()
