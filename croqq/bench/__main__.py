@@ -1,4 +1,4 @@
-"""`python -m croqq.bench [--only writer,sweep,duty] [--out bench/results.json]`: all benchmarks."""
+"""`python -m croqq.bench [--only writer,sweep,duty,recovery] [--out bench/results.json]`: all benchmarks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from croqq.bench import cluster_bench, writer_bench
 from croqq.logs import configure
 
 log = logging.getLogger("croqq.bench")
-PARTS = ("writer", "sweep", "duty")
+PARTS = ("writer", "sweep", "duty", "recovery")
 
 
 def main() -> None:
@@ -42,6 +42,9 @@ def main() -> None:
         if "sweep" in parts:
             log.info("control-plane sweep benchmark (268 shapes x 30 iterations, 8 simulated GPUs) ...")
             results |= cluster_bench.sweep(work / "sweep")
+        if "recovery" in parts:
+            log.info("recovery benchmark (each worker kind killed mid-step, lease TTL 10 s) ...")
+            results |= cluster_bench.recovery(work / "recovery")
         if "duty" in parts:
             log.info("GPU duty-cycle benchmark (4 simulated GPUs, pipelined vs sequential) ...")
             results |= cluster_bench.duty_cycle(work / "duty")

@@ -97,3 +97,35 @@ def duty_cycle(work: Path, gpus: int = 4) -> dict[str, float]:
         "sequential_duty_cycle": _duty(work / "sequential", 1, gpus),
         "duty_pipeline_depth": PIPELINED_DEPTH,
     }
+
+
+def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, float | None]:
+    """Kill each worker kind once mid-step (default lease TTL) and time until its step is finished
+    elsewhere; Celery alone would redeliver only after the visibility timeout."""
+    from croqq.cluster.app import visibility_timeout_s
+    from croqq.cluster.faults import KILLS
+    from croqq.cluster.stress import StressConfig, run
+    from croqq.settings import Settings
+
+    kinds = [kind for kind, (barrier, _) in KILLS.items() if barrier is not None]
+    cfg = StressConfig(
+        agents_per_dsl=24,
+        round_target=12,
+        seed=11,
+        run_name="recovery",
+        dsls=["cuda"],
+        kinds=kinds,
+        fault_count=len(kinds),
+        out_root=work,
+        lease_ttl_s=ttl_s,
+        log_level="WARNING",
+    )
+    summary = run(cfg).summary
+    return {
+        "recovery_lease_ttl_s": ttl_s,
+        "recovery_kill_p50_s": summary["recovery_p50_s"],
+        "recovery_kill_max_s": summary["recovery_max_s"],
+        "recovery_rounds_lost": summary["rounds_lost"],
+        "recovery_duplicates": summary["duplicates"],
+        "celery_visibility_timeout_s": visibility_timeout_s(Settings()),
+    }

@@ -22,7 +22,7 @@ from croqq.cluster import keys, queues, registry
 from croqq.cluster.leases import Heartbeat, Lease, owner_id
 from croqq.cluster.redis_client import connect
 from croqq.cluster.runtime import ENV_GPU_OWNER
-from croqq.settings import Settings
+from croqq.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ def celery_argv(
         loglevel,
         "--without-gossip",
         "--without-mingle",
-        "--without-heartbeat",
         "--prefetch-multiplier",
         str(prefetch),
+        *([] if get_settings().task_events else ["--without-heartbeat"]),  # Flower needs the event heartbeat
     ]
 
 
