@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint bench clean
+.PHONY: help install demo test test-fast lint bench kernels gpu-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,6 +35,12 @@ lint: $(STAMP)  ## ruff (lint + format check) and mypy
 
 bench: $(STAMP)  ## benchmarks -> bench/results.json (writer, 268-shape sweep, GPU duty cycle)
 	$(BIN)/python -m croqq.bench --out bench/results.json
+
+kernels: $(STAMP)  ## compile every kernel of kernels/manifest.json (reference knobs, sm_90a) into build/kernels
+	$(BIN)/croqq kernels --out build/kernels
+
+gpu-check: $(STAMP)  ## on an NVIDIA GPU host: build, verify, time vs cuBLAS, a 3-iteration real tuning loop
+	$(BIN)/python -m croqq.bench.gpu_check
 
 clean:  ## remove the venv, demo state and caches
 	rm -rf $(VENV) .demo .croqq .pytest_cache .mypy_cache .ruff_cache

@@ -25,13 +25,14 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from croqq.backends._base import Backend, GpuContext
-from croqq.domain.knobs import Candidate, make_candidate
+from croqq.domain.knobs import Candidate, make_candidate, seed_knobs
 from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
 from croqq.errors import ConfigError, InvalidRecordError
@@ -222,6 +223,10 @@ class CudaBackend(Backend):
         os.replace(folder / "gemm.tmp", binary)
         return BuildOutcome(ok=True, artifact=artifact, log=text)
 
+    @staticmethod
+    def artifact_binary(artifact: str) -> str:
+        return CudaArtifact.model_validate_json(artifact).binary
+
     def _binary(self, shape: Shape, artifact: str) -> Path:
         """The artifact's binary; rebuilt here when it was built on another host."""
         art = CudaArtifact.model_validate_json(artifact)
@@ -357,3 +362,21 @@ class CudaBackend(Backend):
             log.warning("%s: profile failed: %s", shape.key, exc)
             return Profile(bottleneck="unknown", raw=text[-LOG_TAIL:])
         return Profile(bottleneck=classify(metrics), metrics=metrics, raw=text[-LOG_TAIL:])
+
+
+def build_references(
+    backend: CudaBackend, dims: tuple[int, int, int], seed: str = "reference", workers: int = 0
+) -> dict[str, BuildOutcome]:
+    """Compile every dtype's kernel of the manifest's cuda dsl for one shape with its ``seed`` knobs
+    ('reference' or 'naive'), in parallel: dtype -> outcome (`make kernels`, `make gpu-check`)."""
+    manifest = backend.manifest
+    jobs = {}
+    for dtype in manifest.dsl("cuda").kernels:
+        shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
+        jobs[dtype] = (
+            shape,
+            make_candidate(manifest, "cuda", shape, seed_knobs(manifest, "cuda", dtype, seed)),
+        )
+    with ThreadPoolExecutor(max_workers=workers or min(len(jobs), os.cpu_count() or 1)) as pool:
+        futures = {dtype: pool.submit(backend.build, *job) for dtype, job in jobs.items()}
+    return {dtype: future.result() for dtype, future in futures.items()}

@@ -99,7 +99,7 @@ def duty_cycle(work: Path, gpus: int = 4) -> dict[str, float]:
     }
 
 
-def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, float | None]:
+def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, object]:
     """Kill each worker kind once mid-step (default lease TTL) and time until its step is finished
     elsewhere; Celery alone would redeliver only after the visibility timeout."""
     from croqq.cluster.app import visibility_timeout_s
@@ -123,6 +123,8 @@ def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, float | None]:
     summary = run(cfg).summary
     return {
         "recovery_lease_ttl_s": ttl_s,
+        "recovery_kills_landed": sum(summary["faults_injected"].values()),
+        "recovery_kills_by_kind": summary["faults_injected"],
         "recovery_kill_p50_s": summary["recovery_p50_s"],
         "recovery_kill_max_s": summary["recovery_max_s"],
         "recovery_rounds_lost": summary["rounds_lost"],

@@ -13,27 +13,23 @@ Prints tables and writes ``bench/gpu_check.json``. Without an NVIDIA GPU it says
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from croqq.backends._base import GpuContext
-from croqq.backends.cuda import CudaBackend
-from croqq.domain.knobs import make_candidate, seed_knobs
+from croqq.backends.cuda import CudaBackend, build_references
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.shapes import Shape
 from croqq.probes.nvml import NvmlProbe, nvml_available
 from croqq.settings import PROJECT_ROOT, Settings
 
 SHAPES = ((2048, 2048, 2048), (4096, 8192, 4096), (8192, 8192, 8192))
-DTYPES = ("f16", "f16sp", "e4m3")
 SPREAD_RUNS = 10
 LOOP_SHAPE, LOOP_ITERS = "4096x8192x4096", 3
 
@@ -48,21 +44,13 @@ def _gpu(manifest: Manifest, console: Console) -> GpuContext:
     return GpuContext(uuid=info.uuid, index=info.index, gpu_type=gpu_type, probe=probe)
 
 
-def _build_all(backend: CudaBackend, manifest: Manifest) -> dict[tuple[str, tuple[int, int, int]], str]:
-    jobs = {}
-    for dtype in DTYPES:
-        for dims in SHAPES:
-            shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
-            cand = make_candidate(manifest, "cuda", shape, seed_knobs(manifest, "cuda", dtype, "reference"))
-            jobs[(dtype, dims)] = (shape, cand)
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
-        builds = {key: pool.submit(backend.build, shape, cand) for key, (shape, cand) in jobs.items()}
+def _build_all(backend: CudaBackend) -> dict[tuple[str, tuple[int, int, int]], str]:
     out = {}
-    for key, future in builds.items():
-        outcome = future.result()
-        if not outcome.ok:
-            raise SystemExit(f"gpu-check: {key[0]} {key[1]} does not build: {outcome.reason}")
-        out[key] = outcome.artifact
+    for dims in SHAPES:
+        for dtype, outcome in build_references(backend, dims).items():
+            if not outcome.ok:
+                raise SystemExit(f"gpu-check: {dtype} {dims} does not build: {outcome.reason}")
+            out[(dtype, dims)] = outcome.artifact
     return out
 
 
@@ -162,7 +150,7 @@ def main() -> None:
     backend = CudaBackend(manifest, settings.model_copy(update={"build_dir": build_dir}))
     gpu = _gpu(manifest, console)
     started = time.monotonic()
-    artifacts = _build_all(backend, manifest)
+    artifacts = _build_all(backend)
     console.print(f"built {len(artifacts)} kernels in {time.monotonic() - started:.0f}s")
     rows = _versus_cublas(backend, gpu, artifacts)
     spread = _spread(backend, gpu, artifacts[("f16", (8192, 8192, 8192))])

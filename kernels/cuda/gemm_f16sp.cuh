@@ -1,0 +1,6 @@
+// croqq reference kernel family for dtype f16sp (see gemm_core.cuh for the knobs, harness.cuh for main()).
+// A candidate translation unit defines GEMM_M/N/K and every knob, then includes this header.
+#pragma once
+#define CROQQ_F16SP 1
+#include "gemm_core.cuh"
+#include "harness.cuh"
