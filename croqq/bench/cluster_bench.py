@@ -2,8 +2,9 @@
 
 - ``sweep_seconds``: `submit --dtype all` (268 shapes x 30 iterations + baselines) on 8 simulated GPUs
   with zero step time, from submission to the last STORE; ``overhead_ms_p50``/``_p99``: per iteration,
-  the wall time from the previous STORE of the shape to this one minus the steps' own execution time
-  (queueing, messaging, ledger transactions, git).
+  the wall time from the previous STORE of the shape (for its first, from when it got a GPU slot) to this
+  one minus the steps' own execution time (queueing behind the GPU's other shapes, messaging, ledger
+  transactions, git).
 - ``duty_cycle``: 4 simulated GPUs, step durations ideate 60 s, implement 20 s, measure 10 s (profile
   15 s), time-scaled by 1/100; the fraction of wall time the GPUs spend measuring or profiling over a
   steady window, with the shapes pipelined (``pipeline_depth`` shapes per GPU); ``sequential_duty_cycle``

@@ -10,6 +10,7 @@ it then waits in the pending set (ahead of new shapes) and re-measures its best 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,6 +190,8 @@ class Coordinator:
                 return _Skip()
             if state.loop.phase == Phase.INIT:
                 state.loop = transition(state.loop, Start())
+                # the first iteration's clock starts with its GPU slot: waiting for capacity is not overhead
+                state.iter_t0, state.iter_exec_s = time.time(), 0.0
             pipe.multi()
             pipe.zrem(pending_key, sid)
             pipe.sadd(active_key, sid)

@@ -188,6 +188,11 @@ def _summarize(result: StressResult, repo: Path, counters: dict[str, int], secon
     stored = len(rows)
     lost = max(0, cfg.expected_rounds - stored)
     recoveries = [s.recovery_s for s in result.injected if s.landed and s.recovery_s is not None]
+    kill_recoveries = [
+        s.recovery_s
+        for s in result.injected
+        if s.landed and s.recovery_s is not None and s.fault.kind.startswith("kill_")
+    ]
     unrecovered = [s for s in result.injected if s.landed and s.recovery_s is None]
     not_landed = [s for s in result.injected if not s.landed]
     if lost:
@@ -217,6 +222,8 @@ def _summarize(result: StressResult, repo: Path, counters: dict[str, int], secon
         "fail_rounds": counters.get("FAIL", 0),
         "recovery_p50_s": round(statistics.median(recoveries), 2) if recoveries else None,
         "recovery_max_s": round(max(recoveries), 2) if recoveries else None,
+        "recovery_kill_p50_s": round(statistics.median(kill_recoveries), 2) if kill_recoveries else None,
+        "recovery_kill_max_s": round(max(kill_recoveries), 2) if kill_recoveries else None,
         "redispatches": counters.get("redispatch", 0),
         "quarantines": counters.get("quarantines", 0),
         "migrations": counters.get("migrations", 0),
@@ -266,6 +273,9 @@ def analysis(result: StressResult) -> str:
   {s["duplicates"]} duplicated.
 - {sum(s["faults_injected"].values())} faults injected ({len(s["faults_not_landed"])} did not land),
   lease TTL {s["lease_ttl_s"]} s; recovery p50 {s["recovery_p50_s"]} s, max {s["recovery_max_s"]} s.
+- Process kills (workers, writer, beat, coordinator, Redis): recovery p50 {s["recovery_kill_p50_s"]} s,
+  max {s["recovery_kill_max_s"]} s (target: within 2x the lease TTL). GPU faults also include the run
+  timeout of a hang, the health back-off, quarantine and the re-measurement on another GPU.
 - {s["redispatches"]} re-dispatches, {s["quarantines"]} quarantines, {s["migrations"]} migrations;
   {s["compile_failed_attempts"]} compile-failed attempts and {s["fail_rounds"]} FAIL rounds
   (candidate faults).
