@@ -65,6 +65,8 @@ def stress(
         lease_ttl_s=lease_ttl,
         timeout_s=timeout,
     )
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.out_dir / "stress.log").unlink(missing_ok=True)  # a rerun of the same name starts afresh
     configure("INFO", cfg.out_dir / "stress.log")
     typer.echo(
         f"stress {run_name}: {total} rounds, {count} faults (seed {seed}); "

@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from croqq.cluster import keys, registry
@@ -61,6 +62,7 @@ class Injected:
     shapes: dict[str, int] = field(default_factory=dict)  # sid -> current_iter at injection
     baseline_rounds: int = 0
     role: str = ""  # a killed process with no step in flight: recovered when it is back
+    gpu: str = ""  # the GPU (uuid) the fault hit, where there is one
     recovered_at: float | None = None
     note: str = ""
 
@@ -122,13 +124,15 @@ class Injector:
         raw = self.client.hgetall(keys.SUMMARY)
         return {str(k): ShapeSummary.model_validate_json(v) for k, v in raw.items()}
 
-    def inject(self, fault: PlannedFault) -> Injected:
+    def inject(self, fault: PlannedFault, avoid_gpus: Collection[str] = ()) -> Injected:
+        """Inject ``fault``; a GPU fault spares ``avoid_gpus`` (GPUs still recovering from an earlier fault,
+        so that each recovery time belongs to one fault) unless every busy GPU is among them."""
         now = time.time()
         if fault.kind in KILLS:
             return self._kill(fault, now)
         if fault.kind == "kill_redis":
             return self._kill_redis(fault, now)
-        return self._gpu_fault(fault, now)
+        return self._gpu_fault(fault, now, set(avoid_gpus))
 
     # -- kills ---------------------------------------------------------------------------------------
 
@@ -151,6 +155,7 @@ class Injector:
                 self._kill_pid(pid)
                 shot.landed, shot.target = True, f"{victim} pid {pid} at {barrier}"
                 shot.steps = [step_id] if step_id else []
+                shot.gpu = self._gpu_of_step(step_id) if step_id else ""
                 shot.shapes = self._iters_of_steps(shot.steps)
         finally:
             self.client.delete(keys.barrier(barrier))
@@ -178,10 +183,12 @@ class Injector:
         sup = self.cluster.supervisor
         return sup.children[victim].pid if sup is not None and victim in sup.children else None
 
+    def _gpu_of_step(self, step_id: str) -> str:
+        raw = self.client.hget(keys.SUMMARY, step_id.split("#", 1)[0])
+        return ShapeSummary.model_validate_json(raw).gpu if raw else ""
+
     def _gpu_main_pid(self, step_id: str) -> int | None:
-        sid = step_id.split("#", 1)[0]
-        raw = self.client.hget(keys.SUMMARY, sid)
-        uuid = ShapeSummary.model_validate_json(raw).gpu if raw else ""
+        uuid = self._gpu_of_step(step_id)
         entry = registry.get_gpu(self.client, uuid) if uuid else None
         sup = self.cluster.supervisor
         name = f"gpu{entry.index}" if entry is not None else ""
@@ -208,15 +215,16 @@ class Injector:
 
     # -- GPU faults ----------------------------------------------------------------------------------
 
-    def _gpu_fault(self, fault: PlannedFault, now: float) -> Injected:
+    def _gpu_fault(self, fault: PlannedFault, now: float, avoid: set[str]) -> Injected:
         """Fault one of the GPUs that hold shapes (the planned index picks among them)."""
         busy = sorted({s.gpu for s in self._shapes().values() if s.gpu and s.status == "active"})
+        busy = [u for u in busy if u not in avoid] or busy
         uuids = busy or sorted(strs(self.client.smembers(keys.GPUS)))
         uuid = uuids[fault.gpu % len(uuids)]
         kind = fault.kind.removeprefix("gpu_")
         seconds = self.fault_seconds if kind != "foreign_process" else max(1.0, self.fault_seconds / 8)
         value = 79 if kind == "xid" else 1
-        shot = Injected(fault, now, landed=True, target=uuid, baseline_rounds=self.rounds())
+        shot = Injected(fault, now, landed=True, target=uuid, gpu=uuid, baseline_rounds=self.rounds())
         shot.shapes = {
             sid: s.current_iter for sid, s in self._shapes().items() if s.gpu == uuid and s.status == "active"
         }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -96,6 +97,10 @@ def run(cfg: StressConfig) -> StressResult:
     schedule = plan(cfg.seed, cfg.kinds, cfg.fault_count, total, cfg.sim_gpus)
     result = StressResult(cfg, schedule)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    scratch = cfg.out_dir / "cluster"
+    if scratch.exists():  # a run of the same name before: start afresh, or nothing would be left to do
+        log.info("removing the previous run's cluster state %s", scratch)
+        shutil.rmtree(scratch)
     env = cluster_env(cfg)
     started = time.monotonic()
     with LocalCluster(env, log_level=cfg.log_level) as cluster:
@@ -122,7 +127,8 @@ def _submit(cluster: LocalCluster, cfg: StressConfig, dsl: str) -> str:
 
 def _drive(cluster: LocalCluster, cfg: StressConfig, result: StressResult, subs: list[str]) -> None:
     """Inject each planned fault once its round count is reached (faults may overlap: the next one does
-    not wait for the last to recover); track every fault until it recovers; stop when all is done."""
+    not wait for the last to recover, but a GPU fault spares a GPU still recovering from another); track
+    every fault until it recovers; stop when all is done."""
     injector = Injector(cluster, cfg.fault_seconds)
     pending = list(result.schedule)
     active: list[Injected] = []
@@ -134,7 +140,7 @@ def _drive(cluster: LocalCluster, cfg: StressConfig, result: StressResult, subs:
         if pending and _rounds(injector) >= pending[0].at_round:
             fault = pending.pop(0)
             log.warning("injecting fault %d: %s (target GPU %d)", fault.index, fault.kind, fault.gpu)
-            shot = injector.inject(fault)
+            shot = injector.inject(fault, avoid_gpus={s.gpu for s in active if s.gpu})
             result.injected.append(shot)
             active.append(shot)
         if time.monotonic() >= next_check:

@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kThreads) croqq_gemm_kernel(const Operands op)
 __global__ void croqq_gemm_splitk_convert(const float* __restrict__ ws, __half* __restrict__ c) {
   const size_t v = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * EPI_VEC;
   if (v >= static_cast<size_t>(M) * N) return;
-  __half out[EPI_VEC];
+  alignas(16) __half out[EPI_VEC];
 #pragma unroll
   for (int e = 0; e < EPI_VEC; ++e) out[e] = __float2half_rn(ws[v + e]);
   store_vec<EPI_VEC>(c + v, out);

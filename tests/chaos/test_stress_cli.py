@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stress_run_with_every_fault_kind_loses_and_duplicates_nothing(short_tmp: Path) -> None:
+    stale = short_tmp / "ci" / "cluster" / "results" / "left-by-an-earlier-run"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("a rerun of the same name starts afresh")
     args = [
         "stress",
         "--agents-per-dsl",
@@ -55,3 +58,4 @@ def test_stress_run_with_every_fault_kind_loses_and_duplicates_nothing(short_tmp
     rows = (short_tmp / "ci" / "summary.tsv").read_text().splitlines()
     assert rows[0].startswith("index\tat_round\tkind") and len(rows) == len(KINDS) + 1
     assert "every invariant held" in (short_tmp / "ci" / "analysis.md").read_text()
+    assert not stale.exists()
