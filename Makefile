@@ -33,7 +33,7 @@ lint: $(STAMP)  ## ruff (lint + format check) and mypy
 	$(BIN)/ruff format --check croqq tests
 	$(BIN)/mypy
 
-bench: $(STAMP)  ## benchmarks -> bench/results.json (writer, 268-shape sweep, GPU duty cycle)
+bench: $(STAMP)  ## benchmarks -> bench/results.json (writer, 268-shape sweep, recovery, GPU duty cycle)
 	$(BIN)/python -m croqq.bench --out bench/results.json
 
 kernels: $(STAMP)  ## compile every kernel of kernels/manifest.json (reference knobs, sm_90a) into build/kernels

@@ -137,26 +137,23 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t
 
 // One tensor-core step: acc (16x8 fp32) += A fragment (4 regs) x B fragment (2 regs; 4 when sparse).
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t* b, uint32_t meta) {
-#if defined(CROQQ_F16)
-  (void)meta;
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif defined(CROQQ_E4M3)
-  (void)meta;
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
+#if defined(CROQQ_F16SP)
   asm volatile(
       "mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, 0x0;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(meta));
+#else
+#if defined(CROQQ_F16)
+#define CROQQ_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#else
+#define CROQQ_MMA "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
+#endif
+  (void)meta;
+  asm volatile(CROQQ_MMA " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#undef CROQQ_MMA
 #endif
 }
 
@@ -176,27 +173,26 @@ __host__ __device__ __forceinline__ void tile_coords(int pid, int& tile_m, int& 
   tile_n = RASTER == 0 ? minor : major;
 }
 
+// cp.async one operand's k-tile `kt` (ROWS rows of ROW_BYTES from rows row0.. of a LIMIT-row matrix
+// with PITCH-byte rows) into swizzled shared memory; rows past LIMIT are zero-filled.
+template <int ROWS, int ROW_BYTES, int PITCH, int LIMIT>
+__device__ __forceinline__ void load_tile(uint8_t* dst, const uint8_t* src, int row0, int kt, int tid) {
+  constexpr int kChunks = ROW_BYTES / 16;
+#pragma unroll
+  for (int i = tid; i < ROWS * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool ok = (LIMIT % ROWS == 0) || (row0 + r < LIMIT);
+    const uint8_t* from =
+        src + static_cast<size_t>(ok ? row0 + r : 0) * PITCH + static_cast<size_t>(kt) * ROW_BYTES + c * 16;
+    cp_async16(dst + swizzled<ROW_BYTES>(r, c), from, ok);
+  }
+}
+
 // Issue the cp.async copies of k-tile `kt` into one pipeline stage.
 __device__ __forceinline__ void load_stage(uint8_t* stage, const Operands& op, int m0, int n0, int kt, int tid) {
-  const uint8_t* a = static_cast<const uint8_t*>(op.a);
-  const uint8_t* b = static_cast<const uint8_t*>(op.b);
-  uint8_t* sa = stage;
   uint8_t* sb = stage + TILE_M * kARow;
-  constexpr int kAChunks = kARow / 16, kBChunks = kBRow / 16;
-#pragma unroll
-  for (int i = tid; i < TILE_M * kAChunks; i += kThreads) {
-    const int r = i / kAChunks, c = i % kAChunks;
-    const bool ok = (M % TILE_M == 0) || (m0 + r < M);
-    const uint8_t* src = a + static_cast<size_t>(ok ? m0 + r : 0) * kAPitch + static_cast<size_t>(kt) * kARow + c * 16;
-    cp_async16(sa + swizzled<kARow>(r, c), src, ok);
-  }
-#pragma unroll
-  for (int i = tid; i < TILE_N * kBChunks; i += kThreads) {
-    const int r = i / kBChunks, c = i % kBChunks;
-    const bool ok = (N % TILE_N == 0) || (n0 + r < N);
-    const uint8_t* src = b + static_cast<size_t>(ok ? n0 + r : 0) * kBPitch + static_cast<size_t>(kt) * kBRow + c * 16;
-    cp_async16(sb + swizzled<kBRow>(r, c), src, ok);
-  }
+  load_tile<TILE_M, kARow, kAPitch, M>(stage, static_cast<const uint8_t*>(op.a), m0, kt, tid);
+  load_tile<TILE_N, kBRow, kBPitch, N>(sb, static_cast<const uint8_t*>(op.b), n0, kt, tid);
   if constexpr (kSparse) {
     uint32_t* sm = reinterpret_cast<uint32_t*>(sb + TILE_N * kBRow);
     constexpr int kChunksPerBlock = kSparse ? kMetaPerTile / 4 : 1;  // 4 words per 16-byte chunk
