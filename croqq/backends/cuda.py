@@ -271,24 +271,14 @@ class CudaBackend(Backend):
         end = gpu.probe.snapshot(gpu.uuid)
         raw = (run.stdout + "\n" + run.stderr)[-LOG_TAIL:]
         if run.returncode is None:
-            return Measurement(
-                outcome="hang",
-                detail=f"killed after {self.settings.run_timeout_s:.0f}s",
-                start=start,
-                end=end,
-                raw=raw,
-            )
+            detail = f"killed after {self.settings.run_timeout_s:.0f}s"
+            return Measurement(outcome="hang", detail=detail, start=start, end=end, raw=raw)
         try:
             data = parse_harness(run.stdout)
         except InvalidRecordError as exc:
             why = f"exit {run.returncode}" if run.returncode >= 0 else f"signal {-run.returncode}"
-            return Measurement(
-                outcome="crash",
-                detail=f"{why}: {exc}; {run.stderr.strip()[-200:]}",
-                start=start,
-                end=end,
-                raw=raw,
-            )
+            detail = f"{why}: {exc}; {run.stderr.strip()[-200:]}"
+            return Measurement(outcome="crash", detail=detail, start=start, end=end, raw=raw)
         return self._measurement(gpu, shape, data, start, end, raw)
 
     def _measurement(
@@ -365,7 +355,7 @@ class CudaBackend(Backend):
 
 
 def build_references(
-    backend: CudaBackend, dims: tuple[int, int, int], seed: str = "reference", workers: int = 0
+    backend: CudaBackend, dims: tuple[int, int, int], seed: str = "reference"
 ) -> dict[str, BuildOutcome]:
     """Compile every dtype's kernel of the manifest's cuda dsl for one shape with its ``seed`` knobs
     ('reference' or 'naive'), in parallel: dtype -> outcome (`make kernels`, `make gpu-check`)."""
@@ -377,6 +367,6 @@ def build_references(
             shape,
             make_candidate(manifest, "cuda", shape, seed_knobs(manifest, "cuda", dtype, seed)),
         )
-    with ThreadPoolExecutor(max_workers=workers or min(len(jobs), os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
         futures = {dtype: pool.submit(backend.build, *job) for dtype, job in jobs.items()}
     return {dtype: future.result() for dtype, future in futures.items()}

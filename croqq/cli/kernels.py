@@ -26,12 +26,13 @@ def kernels(
     """Compile the cuda kernel of every dtype in kernels/manifest.json with nvcc for the manifest's arch."""
     from croqq.backends.cuda import CudaBackend, build_references
     from croqq.domain.manifest import load_manifest
+    from croqq.domain.shapes import parse_dims
 
     if seed not in ("reference", "naive"):
         raise ConfigError(f"--knobs {seed!r}: use reference or naive")
     settings = load_settings()
     manifest = load_manifest(settings.manifest)
-    dims = manifest.reference_shape if not key else _dims(key)
+    dims = manifest.reference_shape if not key else parse_dims(key)
     backend = CudaBackend(manifest, settings.model_copy(update={"build_dir": out.resolve()}))
     outcomes = build_references(backend, dims, seed)
     table = Table(title=f"{seed} kernels for {'x'.join(map(str, dims))} ({manifest.dsl('cuda').build.arch})")
@@ -43,10 +44,3 @@ def kernels(
     Console().print(table)
     if not all(o.ok for o in outcomes.values()):
         raise typer.Exit(1)
-
-
-def _dims(text: str) -> tuple[int, int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ConfigError(f"--shape {text!r}: give M x N x K as positive integers, e.g. 8192x8192x8192")
-    return int(parts[0]), int(parts[1]), int(parts[2])

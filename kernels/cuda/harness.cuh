@@ -161,21 +161,32 @@ struct Inputs {
 
 constexpr bool kDenseA(bool cublas) { return !kSparse || cublas; }
 
-inline size_t set_bytes(bool cublas) {
-  const size_t a = static_cast<size_t>(M) * K * kElemBytes / (kDenseA(cublas) ? 1 : 2);
-  const size_t meta = kDenseA(cublas) ? 0 : static_cast<size_t>(M) * K / 32 * 4;
-  return a + static_cast<size_t>(N) * K * kElemBytes + meta;
-}
-
-inline Inputs alloc_inputs(const Result& res, bool cublas) {
+// The byte sizes of one input set (no buffers yet).
+inline Inputs input_sizes(bool cublas) {
   Inputs in;
   in.a_bytes = static_cast<size_t>(M) * K * kElemBytes / (kDenseA(cublas) ? 1 : 2);
   in.b_bytes = static_cast<size_t>(N) * K * kElemBytes;
   in.meta_bytes = kDenseA(cublas) ? 0 : static_cast<size_t>(M) * K / 32 * 4;
+  return in;
+}
+
+inline Inputs alloc_inputs(const Result& res, bool cublas) {
+  Inputs in = input_sizes(cublas);
   CROQQ_CHECK(res, cudaMalloc(&in.a, in.a_bytes));
   CROQQ_CHECK(res, cudaMalloc(&in.b, in.b_bytes));
   if (in.meta_bytes) CROQQ_CHECK(res, cudaMalloc(&in.meta, in.meta_bytes));
   return in;
+}
+
+// How many input sets the timed runs rotate over: at least 2, and together at least 2x the L2, so that
+// no run starts with its inputs in L2.
+inline size_t rotation_sets(size_t l2_bytes, size_t set_bytes) {
+  return std::max<size_t>(2, (2 * l2_bytes + set_bytes - 1) / set_bytes);
+}
+
+// A timing that no kernel can reach: faster than the GPU's peak for the dtype (or no time at all).
+inline bool impossible(double median_ms, double tflops, double peak_tflops) {
+  return median_ms <= 0 || (peak_tflops > 0 && tflops > peak_tflops);
 }
 
 // Fill `in` from `seed`; `dense_a` (sparse family, verification only) receives A with its zeros.
@@ -240,7 +251,11 @@ class Lt {
   bool ok = false;
   std::string why;
 
-  Lt() {
+  explicit Lt(bool wanted) {
+    if (!wanted) {
+      why = "not needed (--no-verify)";
+      return;
+    }
     for (const char* name : {"libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12",
                              "/usr/local/cuda/lib64/libcublasLt.so"}) {
       lib_ = dlopen(name, RTLD_NOW | RTLD_LOCAL);
@@ -403,7 +418,7 @@ inline int main_impl(int argc, char** argv) {
   CROQQ_CHECK(res, cudaGetDeviceProperties(&prop, 0));
   res.gpu = prop.name;
 
-  Lt lt;
+  Lt lt(args.verify || args.cublas);  // the reference, or what --cublas times
   if (args.cublas && !lt.ok) {
     res.status = "error";
     res.detail = "--cublas: " + lt.why;
@@ -414,7 +429,8 @@ inline int main_impl(int argc, char** argv) {
 
   // input sets rotated over >= 2x L2, so each timed run reads inputs that are not in L2
   const size_t l2 = static_cast<size_t>(std::max(prop.l2CacheSize, 1 << 20));
-  const size_t sets = std::min<size_t>(512, std::max<size_t>(2, (2 * l2 + set_bytes(args.cublas) - 1) / set_bytes(args.cublas)));
+  const Inputs sizes = input_sizes(args.cublas);
+  const size_t sets = rotation_sets(l2, sizes.a_bytes + sizes.b_bytes + sizes.meta_bytes);
   std::vector<Inputs> inputs;
   for (size_t s = 0; s < sets; ++s) inputs.push_back(alloc_inputs(res, args.cublas));
   res.input_sets = static_cast<int>(sets);
@@ -505,7 +521,7 @@ inline int main_impl(int argc, char** argv) {
   res.max_ms = ms.back();
   res.median_ms = args.repeats % 2 ? ms[args.repeats / 2] : 0.5 * (ms[args.repeats / 2 - 1] + ms[args.repeats / 2]);
   res.tflops = res.median_ms > 0 ? 2.0 * M * N * K / (res.median_ms * 1e-3) / 1e12 : 0.0;
-  if (res.median_ms <= 0 || (args.peak_tflops > 0 && res.tflops > args.peak_tflops)) {
+  if (impossible(res.median_ms, res.tflops, args.peak_tflops)) {
     res.status = "invalid";
     char buf[160];
     std::snprintf(buf, sizeof(buf), "%.1f TFLOPS exceeds the GPU's %s peak of %.1f: the timing cannot be right",

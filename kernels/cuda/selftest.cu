@@ -1,9 +1,11 @@
-// Host-only checks of the kernel family's index math, run by the test suite where there is no GPU:
+// Host-only checks of the kernel family's index math and the harness's rules, run by the test suite where there is no GPU:
 //   nvcc -arch=sm_90a -DGEMM_M=.. -DGEMM_N=.. -DGEMM_K=.. -D<every knob> -o selftest selftest.cu && ./selftest
 // 1. the CTA launch order (RASTER, SWIZZLE) visits every output tile exactly once;
 // 2. the shared-memory swizzle is a permutation of each row's 16-byte chunks (A and B tiles);
 // 3. each 2:4 metadata word holds, for the rows and columns the PTX fragment layout assigns to the
-//    thread that reads it, the indices of the elements the input generator kept.
+//    thread that reads it, the indices of the elements the input generator kept;
+// 4. the harness's rules: timed inputs rotate over at least 2 sets and 2x the L2; a timing faster than
+//    the peak (or of no time) is refused.
 #define CROQQ_NO_MAIN 1
 #include <cstdio>
 #include <vector>
@@ -62,6 +64,17 @@ int main() {
       }
     }
   }
+  for (size_t l2 : {size_t{40} << 20, size_t{50} << 20}) {
+    for (size_t set : {size_t{96} << 10, harness::input_sizes(false).a_bytes + harness::input_sizes(false).b_bytes,
+                       size_t{256} << 20}) {
+      const size_t sets = harness::rotation_sets(l2, set);
+      EXPECT(sets >= 2 && sets * set >= 2 * l2, "L2 %zu, set %zu bytes: %zu sets", l2, set, sets);
+    }
+  }
+  EXPECT(harness::impossible(1.0, 990.0, 989.4), "a timing above peak is accepted");
+  EXPECT(harness::impossible(0.0, 0.0, 989.4), "a zero-time run is accepted");
+  EXPECT(!harness::impossible(1.0, 700.0, 989.4), "a plausible timing is refused");
+
   std::printf(failures ? "selftest: %d failures\n" : "selftest: ok\n", failures);
   return failures ? 1 : 0;
 }

@@ -20,17 +20,10 @@ RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def env_for(short_tmp: Path, redis_url: str) -> dict[str, str]:
-    return {
-        "CROQQ_BROKER_URL": redis_url,
-        "CROQQ_RUN_DIR": str(short_tmp / "run"),
-        "CROQQ_RESULTS_REPO": str(short_tmp / "results"),
-        "CROQQ_SIM_GPUS": "3",
-        "CROQQ_PIPELINE_DEPTH": "2",
-        "CROQQ_LEASE_TTL_S": "3",
-        "CROQQ_RECONCILE_EVERY_S": "0.5",
-        "CROQQ_TIME_SCALE": "0.002",
-    }
+@pytest.fixture
+def env(cluster_env: dict[str, str]) -> dict[str, str]:
+    """The shared small cluster, with three GPUs and short (scaled) step times."""
+    return cluster_env | {"CROQQ_SIM_GPUS": "3", "CROQQ_TIME_SCALE": "0.002"}
 
 
 def stored(client: redis.Redis) -> int:
@@ -38,11 +31,8 @@ def stored(client: redis.Redis) -> int:
 
 
 def test_cold_start_rebuilds_from_the_repo_and_finishes_with_every_invariant(
-    short_tmp: Path,
-    redis_server,
-    redis_client: redis.Redis,  # type: ignore[no-untyped-def]
+    env: dict[str, str], redis_client: redis.Redis
 ) -> None:
-    env = env_for(short_tmp, redis_server.url)
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
         cluster.submit("f16", max_iter=8, limit=6)
@@ -98,11 +88,8 @@ def damage(repo: Path, keys_: list[str]) -> None:
 
 
 def test_damaged_trees_are_named_cleaned_alone_and_the_cluster_resumes_the_rest(
-    short_tmp: Path,
-    redis_server,
-    redis_client: redis.Redis,  # type: ignore[no-untyped-def]
+    env: dict[str, str], redis_client: redis.Redis
 ) -> None:
-    env = env_for(short_tmp, redis_server.url)
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
         sub = cluster.submit("f16", max_iter=3, limit=6)

@@ -77,3 +77,19 @@ def test_unreachable_redis_is_one_line(cluster_env: dict[str, str], tmp_path: Pa
     result = croqq(env, "submit", "--dtype", "f16")
     assert result.returncode == 2 and result.stderr.startswith("croqq: error: cannot reach Redis at")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--knobs", "fastest"], "--knobs 'fastest': use reference or naive"),
+        (["--shape", "12x"], "shape '12x' is not MxNxK"),
+    ],
+)
+def test_bad_kernels_arguments_exit_2_with_one_line_and_build_nothing(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "kernels"
+    result = croqq({}, "kernels", "--out", str(out), *args)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr and not out.exists()
