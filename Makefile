@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install croqq with its dev tools
 
-demo: $(STAMP)  ## a whole local cluster tunes all 268 shapes (simulated GPUs); Ctrl-C stops, re-run resumes
-	CROQQ_RUN_DIR=.demo CROQQ_RESULTS_REPO=.demo/results $(BIN)/croqq up --dtype all --exit-when-done
+demo: $(STAMP)  ## a whole local cluster tunes all 268 shapes (simulated GPUs, the scripted agent); Ctrl-C stops, re-run resumes
+	CROQQ_RUN_DIR=.demo CROQQ_RESULTS_REPO=.demo/results CROQQ_PROPOSER=agent CROQQ_AGENT=scripted \
+	  $(BIN)/croqq up --dtype all --exit-when-done
 
 test: $(STAMP)  ## the whole test suite (unit, integration, chaos) on real Redis, Celery and git
 	$(BIN)/python -m pytest

@@ -33,6 +33,15 @@ class LeaseHeldError(TerminalError):
     """A singleton (the writer, beat, a GPU) is already held by another live process."""
 
 
+class DeferredError(CroqqError):
+    """The step cannot run yet (its agent is backed off, the agent budget is spent): it goes back to its
+    queue after a short pause. Not a failure: the shape waits, it is never parked for this."""
+
+    def __init__(self, message: str, wait_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
 class StaleStepError(CroqqError):
     """A step message or result belongs to an older epoch or an already finished step; drop it."""
 

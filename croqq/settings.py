@@ -57,10 +57,30 @@ class Settings(BaseSettings):
     sim_implement_s: float = 20.0
     sim_measure_s: float = 10.0
     sim_profile_s: float = 15.0
-    proposer: Literal["search", "command"] = "search"
-    proposer_command: str = Field(
-        "", description="External agent command for proposer=command (JSON on stdin/out)."
+    sim_compile: Literal["model", "nvcc"] = Field(
+        "model", description="nvcc: the sim backend really compiles each candidate for sm_90a."
     )
+    proposer: Literal["search", "agent"] = Field(
+        "search", description="search: the built-in knob search; agent: a coding agent (CROQQ_AGENT)."
+    )
+    agent: Literal["claude", "codex", "opencode", "cursor", "gemini", "aider", "scripted", "command"] = Field(
+        "scripted", description="The agent preset for proposer=agent."
+    )
+    agent_command: str = Field(
+        "", description="agent=command: the command line (split like a shell, run without one)."
+    )
+    agent_model: str = Field("", description="Model name passed to the agent CLI (empty: its default).")
+    agent_env: str = Field(
+        "", description="Extra environment variable names handed to the agent (comma-separated)."
+    )
+    agent_jail: Literal["auto", "bwrap", "none"] = Field(
+        "auto", description="Mount-namespace jail (only the workspace writable): bwrap when found."
+    )
+    agent_max_output_bytes: int = Field(4 << 20, ge=1024, description="Agent stdout/stderr kept.")
+    agent_max_source_bytes: int = Field(1 << 20, ge=1024, description="Largest candidate accepted.")
+    agent_backoff_after: int = Field(3, ge=1, description="Consecutive agent failures before back-off.")
+    agent_backoff_s: float = Field(30.0, ge=0, description="First back-off; doubles up to the max.")
+    agent_backoff_max_s: float = Field(600.0, ge=0)
     dsl: str = "cuda"
 
     # -- scheduling -------------------------------------------------------------------------------
@@ -106,10 +126,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        if self.proposer == "command" and not self.proposer_command.strip():
-            raise ConfigError(
-                "CROQQ_PROPOSER=command needs CROQQ_PROPOSER_COMMAND (the agent command to run)"
-            )
+        if self.proposer == "agent" and self.agent == "command" and not self.agent_command.strip():
+            raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
         if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
                 f"CROQQ_BROKER_URL={self.broker_url!r} is not a Redis URL; use redis://host:6379/0 or unix:///path"

@@ -58,11 +58,6 @@ class Backend(ABC):
         """The vendor library's figure for this shape (cuBLAS), where the backend has one."""
         return None
 
-    def run_command(self, shape: Shape, candidate: Candidate) -> str:
-        """A command line that reproduces the measurement (stored in results.tsv): `croqq measure`."""
-        knobs = ",".join(f"{k}={v}" for k, v in sorted(candidate.knobs.items()))
-        return f"croqq measure --dsl {candidate.dsl} --key {shape.key} --knobs {knobs}"
-
     # -- shared protocol ----------------------------------------------------------------------------
 
     def peak_tflops(self, gpu_type: str, dtype: str) -> float:

@@ -1,13 +1,13 @@
 """The real GPU backend: nvcc builds, the timing harness on the claimed GPU, ncu profiles.
 
-- **build** (build workers): the candidate's source goes to ``<build dir>/<key>-<hash>/cand.cu`` and is
-  compiled with the manifest's build config (its own timeout, ``compile_timeout_s``); a failure is a
+- **build** (build workers): the candidate's source goes to ``<build dir>/<key>-<hash>/cand.cu`` with its
+  headers beside it (nothing is included from croqq's checkout) and is compiled with its flags (its own timeout, ``compile_timeout_s``); a failure is a
   BuildOutcome with the compiler's first error line and the log's tail, never an exception. A binary
   already built for the same content hash is reused.
 - **measure** (GPU workers): runs the binary with ``CUDA_VISIBLE_DEVICES=<uuid>`` under ``run_timeout_s``
   in its own process group (a hang kills the group), parses the harness's JSON line (see
   ``kernels/README.md``) and records clocks, temperature and clock-event reasons before and after. A binary
-  built on another host is rebuilt here from the artifact's knobs. Several artifacts are run alternately.
+  built on another host is rebuilt here from the artifact's source. Several artifacts are run alternately.
 - **profile**: ``ncu --csv`` with a fixed metric set on the candidate kernel; the bottleneck is classified
   from throughput and duration (:func:`classify`).
 - **vendor_tflops**: the harness's ``--cublas`` mode on the same shape.
@@ -29,10 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from croqq.backends._base import Backend, GpuContext
-from croqq.domain.knobs import Candidate, make_candidate, seed_knobs
+from croqq.backends.toolchain import candidate_of, knob_candidate
+from croqq.domain.knobs import Candidate, seed_knobs
 from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
 from croqq.errors import ConfigError, InvalidRecordError
@@ -68,6 +69,7 @@ class CudaArtifact(BaseModel):
     content_hash: str
     knobs: dict[str, int]
     binary: str
+    source: str = Field("", description="The logical source, so that another host can rebuild it.")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,17 @@ def run_process(
             os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         return Run(None, out, err)
+
+
+def write_sources(folder: Path, candidate: Candidate) -> Path:
+    """``cand.cu`` and every header of the candidate's closure, side by side in ``folder``."""
+    for name, text in candidate.headers.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    source = folder / "cand.cu"
+    source.write_text(candidate.source, encoding="utf-8")
+    return source
 
 
 def parse_harness(stdout: str) -> dict[str, object]:
@@ -177,16 +190,14 @@ class CudaBackend(Backend):
 
     # -- build ----------------------------------------------------------------------------------------
 
-    def compile_command(self, dtype: str, source: Path, binary: Path) -> list[str]:
-        spec = self.manifest.dsl("cuda").build
-        root = self.settings.kernels_dir
-        includes = [f"-I{(root / d).resolve()}" for d in spec.include_dirs]
+    def compile_command(self, candidate: Candidate, source: Path, binary: Path) -> list[str]:
+        """nvcc with the candidate's flags; its headers sit next to the source, so the only include
+        folder is the build folder (never croqq's checkout)."""
+        spec = self.manifest.dsl(candidate.dsl).build
         return [
             spec.compiler,
-            *spec.flags,
-            f"-arch={spec.arch}",
-            *spec.dtype_flags.get(dtype, []),
-            *includes,
+            *candidate.flags,
+            f"-I{source.parent.resolve()}",
             "-o",
             str(binary),
             str(source),
@@ -202,13 +213,13 @@ class CudaBackend(Backend):
             content_hash=candidate.content_hash,
             knobs=candidate.knobs,
             binary=str(binary.resolve()),
+            source=candidate.source,
         ).model_dump_json()
         if binary.exists():
             return BuildOutcome(ok=True, artifact=artifact, log="(cached)")
         folder.mkdir(parents=True, exist_ok=True)
-        source = folder / "cand.cu"
-        source.write_text(candidate.source)
-        command = self.compile_command(shape.dtype, source, folder / "gemm.tmp")
+        source = write_sources(folder, candidate)
+        command = self.compile_command(candidate, source, folder / "gemm.tmp")
         if shutil.which(command[0]) is None:
             raise ConfigError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
         run = run_process(command, self.settings.compile_timeout_s)
@@ -235,7 +246,10 @@ class CudaBackend(Backend):
         path = Path(art.binary)
         if path.exists():
             return path
-        cand = make_candidate(self.manifest, art.dsl, shape, art.knobs)
+        if art.source:
+            cand = candidate_of(self.manifest, self.settings, art.dsl, shape.dtype, art.source)
+        else:
+            cand = knob_candidate(self.manifest, self.settings, art.dsl, shape, art.knobs)
         outcome = self.build(shape, cand)
         if not outcome.ok:
             raise InvalidRecordError(
@@ -365,7 +379,9 @@ def build_references(
         shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
         jobs[dtype] = (
             shape,
-            make_candidate(manifest, "cuda", shape, seed_knobs(manifest, "cuda", dtype, seed)),
+            knob_candidate(
+                manifest, backend.settings, "cuda", shape, seed_knobs(manifest, "cuda", dtype, seed)
+            ),
         )
     with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
         futures = {dtype: pool.submit(backend.build, *job) for dtype, job in jobs.items()}

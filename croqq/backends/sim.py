@@ -3,24 +3,45 @@
 It builds, measures and profiles candidates of the CUDA GEMM knob family without a GPU, so that the
 whole control plane (FSM, workers, writer) runs on a laptop and in CI. The performance model lives in
 :mod:`croqq.backends._simmodel` (roofline ceiling x an efficiency that falls with each knob's distance
-from a hidden per-shape optimum); this module adds what a real backend's caller sees:
+from a hidden per-shape optimum); this module adds what a real backend's caller sees. A candidate is a
+source, and the sim measures it by what is in it:
 
-- **build** sleeps ``sim_implement_s x time_scale`` and applies sm_90a compile rules (shared memory,
-  registers, warp fragment, split-K slice) plus a small hash-chosen share of "the compiler disagreed"
-  failures. The artifact is compact JSON: knobs, content hash, shape key and dsl.
+- **build** sleeps ``sim_implement_s x time_scale``. The knob values are the source's ``#define`` lines
+  (``candidate.knobs``): a knob it does not define, or a value outside the manifest's space, is a
+  compile error worded as nvcc would (``error: identifier "TILE_M" is undefined``, ``static_assert
+  failed: TILE_M=96 is not one of 64,128,256``); then the model's sm_90a rules (shared memory,
+  registers, warp fragment, split-K slice). What the source does beyond its knobs is its *structure*
+  (:func:`croqq.domain.source.structure`) compared with the template rendering of the same knobs:
+
+  - equal (a pure knob candidate): factor 1.0, and the knob set's own hash-chosen fate (keyed by the
+    template rendering, so it does not depend on the compiler's version): ~2% "the compiler disagreed"
+    failures, ~1.8% runtime faults (crash, hang after ``run_timeout_s``, wrong answer). The manifest's seed
+    kernels never fail.
+  - different (a structural edit): a draw from the hash of the structure text: 6% miscompiles (a
+    realistic nvcc/ptxas message), 3% wrong answers, 1.5% crashes, 12% wins (x1.005-1.06) and otherwise
+    small losses (x0.90-0.995). The same source always gets the same fate.
+
+  The artifact is compact JSON: knobs, content hash, shape key, dsl, the factor and the run-time fault,
+  so measure and profile agree with the build.
+- **CROQQ_SIM_COMPILE=nvcc** (``sim_compile="nvcc"``): build really compiles the candidate (``nvcc
+  <flags> -I. -c`` in a temp folder holding cand.cu and its header closure, under
+  ``compile_timeout_s``, in its own process group); a compiler error is the build's failure, with the
+  first error line. What compiles is then measured by the model as above (with a real compiler as the
+  judge, the simulated compile failures are dropped: a miscompile draw counts as a loss).
 - **measure** sleeps ``sim_measure_s x time_scale`` per call (split across the artifacts), then times each
-  artifact: multiplicative noise (sigma 0.7%) seeded by (shape key, content hash, how many times this
-  backend has measured that candidate), so a run is reproducible and repeated measures still differ.
-  A small hash-chosen share of candidates fail at run time (crash, hang after ``run_timeout_s``, wrong
-  answer); the manifest's seed kernels never do. A probe with ``take_hang(uuid) -> True``, or one that
-  reads the GPU as not responding, makes the whole call hang ("GPU stopped responding") whatever the
-  candidates.
+  artifact: the model's TFLOPS of the knobs x the structural factor (capped at the peak), multiplicative
+  noise (sigma 0.7%) seeded by (shape key, content hash, how many times this backend has measured that
+  candidate), so a run is reproducible and repeated measures still differ. A probe with
+  ``take_hang(uuid) -> True``, or one that reads the GPU as not responding, makes the whole call hang
+  ("GPU stopped responding") whatever the candidates.
 - **profile** sleeps ``sim_profile_s x time_scale`` and reports the bottleneck the model attributes the
-  most loss to, with ncu-like metrics; **vendor_tflops** is a cuBLAS-like 85-95% of the optimum.
+  most loss to, with ncu-like metrics of the scaled prediction; **vendor_tflops** is a cuBLAS-like 85-95%
+  of the optimum.
 
 Driven by the search proposer through the FSM (30 iterations from the reference seed, all 268 scheduled
 shapes) the outcome mix is ~9.4% KEEP, ~82% DISCARD, ~6.7% compile failures and ~1.7% runtime failures
 of proposals, as in LLM-driven tuning logs; ``tests/unit/test_sim_outcome_rates.py`` holds it there.
+Structural edits are covered by ``tests/unit/test_sim_source.py`` (and, with nvcc, ``test_sim_nvcc.py``).
 
 Nothing uses global random state: every draw comes from a hash or a ``random.Random`` seeded by one. The
 per-candidate measure counter lives in the backend object, so a restarted worker replays the sequence.
@@ -28,18 +49,24 @@ per-candidate measure counter lives in the backend object, so a restarted worker
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import random
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from croqq.backends import _simmodel as model
 from croqq.backends._base import Backend, GpuContext
-from croqq.domain.knobs import Candidate, knobs_summary, seed_knobs
+from croqq.backends.cuda import LOG_TAIL, first_error, run_process
+from croqq.domain import source as src
+from croqq.domain.knobs import Candidate, knobs_summary, render_source, seed_knobs
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import BuildOutcome, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
@@ -62,6 +89,24 @@ COMPILE_FLAKES = (
     'error: identifier "cp_async_wait_group" is undefined in this scope',
     "ptxas fatal: Unresolved extern function '__wgmma_fence_aligned'",
 )
+# a structural edit's fate by the share of structure hashes: cumulative bound -> what happens
+STRUCTURAL_OUTCOMES: tuple[tuple[float, str], ...] = (
+    (0.06, "miscompile"),
+    (0.09, "wrong_answer"),
+    (0.105, "crash"),
+    (0.225, "win"),
+    (1.0, "loss"),
+)
+WIN_FACTORS = (1.005, 1.06)
+LOSS_FACTORS = (0.90, 0.995)
+MISCOMPILES = (
+    'cand.cu(211): error: no instance of function template "croqq::load_tile" matches the argument list',
+    "ptxas error   : Arguments mismatch for instruction 'ldmatrix'",
+    'cand.cu(274): error: a value of type "const uint8_t *" cannot be used to initialize an entity of '
+    'type "const uint32_t *"',
+    "ptxas fatal   : Unresolved extern function '_ZN5croqq8cp_asyncEPvPKvb'",
+    'cand.cu(288): error: expression must have a constant value (in call to "cp_async_wait")',
+)
 
 
 class SimArtifact(BaseModel):
@@ -74,6 +119,58 @@ class SimArtifact(BaseModel):
     key: str
     hash: str
     knobs: dict[str, int]
+    factor: float = 1.0  # the source's structural effect on the knob set's TFLOPS
+    fault: Outcome | None = None  # the run-time failure decided at build time
+
+
+@dataclasses.dataclass(frozen=True)
+class Effect:
+    """What a build found: a compile error, or the run-time fault and TFLOPS factor the artifact carries."""
+
+    error: str | None = None
+    fault: Outcome | None = None
+    factor: float = 1.0
+
+
+def knob_effect(knob_id: str, compiled: bool) -> Effect:
+    """A knob set's hash-chosen fate (keyed by its template rendering): the compiler disagreeing (unless
+    a real compiler already agreed), or a run-time fault."""
+    draw = model.unit("compile", knob_id)
+    if draw < COMPILE_FLAKE_RATE and not compiled:
+        return Effect(error=COMPILE_FLAKES[int(draw / COMPILE_FLAKE_RATE * len(COMPILE_FLAKES))])
+    draw = model.unit("runtime", knob_id)
+    if draw >= RUNTIME_FAULT_RATE:
+        return Effect()
+    share = draw / RUNTIME_FAULT_RATE
+    return Effect(fault=next(outcome for bound, outcome in RUNTIME_FAULTS if share < bound))
+
+
+def structural_effect(digest: str, compiled: bool) -> Effect:
+    """A structural edit's fate, from the hash of its structure (see the module docstring); with a real
+    compiler that already compiled it a miscompile draw counts as a loss."""
+    draw = model.unit("structure", digest)
+    kind = next(what for bound, what in STRUCTURAL_OUTCOMES if draw < bound)
+    pick = model.unit("structure-pick", digest)
+    if kind == "miscompile" and not compiled:
+        return Effect(error=MISCOMPILES[int(pick * len(MISCOMPILES))])
+    if kind in ("wrong_answer", "crash"):
+        return Effect(fault="wrong_answer" if kind == "wrong_answer" else "crash")
+    low, high = WIN_FACTORS if kind == "win" else LOSS_FACTORS
+    return Effect(factor=low + (high - low) * pick)
+
+
+def scaled(pred: model.Prediction, factor: float) -> model.Prediction:
+    """The prediction of a kernel ``factor`` times as fast (the launch overhead included)."""
+    if factor == 1.0:
+        return pred
+    time_us = pred.time_us / factor
+    return dataclasses.replace(
+        pred,
+        tflops=pred.tflops * factor,
+        time_us=time_us,
+        efficiency=pred.efficiency * factor,
+        launch_fraction=model.LAUNCH_US / time_us,
+    )
 
 
 def _seed(*parts: object) -> int:
@@ -134,6 +231,10 @@ class SimBackend(Backend):
         """The noise-free TFLOPS of a knob set."""
         return model.predict(self.shape_model(gpu_type, shape), knobs).tflops
 
+    def _predict(self, gpu_type: str, shape: Shape, art: SimArtifact) -> model.Prediction:
+        """The noise-free prediction of a built artifact: its knobs' times its structural factor."""
+        return scaled(model.predict(self.shape_model(gpu_type, shape, art.dsl), art.knobs), art.factor)
+
     # -- helpers ------------------------------------------------------------------------------------
 
     def _sleep(self, seconds: float) -> None:
@@ -163,33 +264,79 @@ class SimBackend(Backend):
 
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
         started = time.monotonic()
-        self._sleep(self.settings.sim_implement_s)
         self._knob_space(candidate.dsl)  # refuses a knob family the model does not know
-        error = self._compile_error(shape, candidate)
-        seconds = round(time.monotonic() - started, 3)
-        command = self._nvcc_command(shape, candidate)
-        if error is not None:
-            log.info("sim build %s %s failed: %s", shape.key, candidate.short_hash, error)
-            return BuildOutcome(ok=False, reason=error, log=f"$ {command}\n{error}\n", seconds=seconds)
-        art = SimArtifact(
-            dsl=candidate.dsl, key=shape.key, hash=candidate.content_hash, knobs=candidate.knobs
+        real = self.settings.sim_compile == "nvcc"
+        if not real:
+            self._sleep(self.settings.sim_implement_s)
+        command, text = self._nvcc_command(shape, candidate), ""
+        error = self._knob_error(candidate) or model.compile_error(
+            shape, candidate.knobs, self.manifest.dtypes[shape.dtype].a_bytes
         )
-        return BuildOutcome(ok=True, artifact=art.model_dump_json(), log=f"$ {command}\n", seconds=seconds)
+        if error is None and real:
+            command, error, text = self._compile(candidate)
+        effect = Effect(error=error) if error is not None else self._effect(shape, candidate, real)
+        seconds = round(time.monotonic() - started, 3)
+        log_text = f"$ {command}\n{text}"
+        if effect.error is not None:
+            log.info("sim build %s %s failed: %s", shape.key, candidate.short_hash, effect.error)
+            log_text += "" if text else f"{effect.error}\n"
+            return BuildOutcome(ok=False, reason=effect.error, log=log_text, seconds=seconds)
+        art = SimArtifact(
+            dsl=candidate.dsl,
+            key=shape.key,
+            hash=candidate.content_hash,
+            knobs=candidate.knobs,
+            factor=effect.factor,
+            fault=effect.fault,
+        )
+        return BuildOutcome(ok=True, artifact=art.model_dump_json(), log=log_text, seconds=seconds)
 
-    def _compile_error(self, shape: Shape, candidate: Candidate) -> str | None:
-        a_bytes = self.manifest.dtypes[shape.dtype].a_bytes
-        error = model.compile_error(shape, candidate.knobs, a_bytes)
-        if error is not None or self._is_seed(candidate.dsl, shape.dtype, candidate.knobs):
-            return error
-        draw = model.unit("compile", candidate.content_hash)
-        if draw < COMPILE_FLAKE_RATE:
-            return COMPILE_FLAKES[int(draw / COMPILE_FLAKE_RATE * len(COMPILE_FLAKES))]
+    def _knob_error(self, candidate: Candidate) -> str | None:
+        """A knob the source does not define, or a value outside the manifest's space, as nvcc words it."""
+        for name, values in self.manifest.dsl(candidate.dsl).knobs.items():
+            if name not in candidate.knobs:
+                return f'error: identifier "{name}" is undefined'
+            if candidate.knobs[name] not in values:
+                allowed = ",".join(str(v) for v in values)
+                return f"static_assert failed: {name}={candidate.knobs[name]} is not one of {allowed}"
         return None
+
+    def _effect(self, shape: Shape, candidate: Candidate, real: bool) -> Effect:
+        """What the candidate's source does beyond its knobs: nothing for the template rendering with the
+        same knobs (then the knob set's own hash-chosen fate), else a draw from the structure's hash."""
+        names = self.manifest.dsl(candidate.dsl).knobs
+        template = render_source(self.manifest, candidate.dsl, shape, candidate.knobs)
+        structure = src.structure(candidate.source, names)
+        if structure == src.structure(template, names):
+            if self._is_seed(candidate.dsl, shape.dtype, candidate.knobs):
+                return Effect()
+            return knob_effect(src.sha256(template), compiled=real)
+        return structural_effect(src.sha256(structure), compiled=real)
+
+    def _compile(self, candidate: Candidate) -> tuple[str, str | None, str]:
+        """nvcc -c of the candidate and its headers in a temp folder: (command, first error or None, log)."""
+        compiler = self.manifest.dsl(candidate.dsl).build.compiler
+        if shutil.which(compiler) is None:
+            raise ConfigError(f"{compiler} not found on this build host (CROQQ_SIM_COMPILE=nvcc needs it)")
+        argv = [compiler, *candidate.flags, "-I.", "-c", "-o", "cand.o", "cand.cu"]
+        with tempfile.TemporaryDirectory(prefix="croqq-sim-nvcc-") as tmp:
+            folder = Path(tmp).resolve()
+            for name, text in {"cand.cu": candidate.source, **candidate.headers}.items():
+                path = (folder / name).resolve()
+                if not path.is_relative_to(folder):
+                    raise InvalidRecordError(f"header name {name!r} leaves the build folder")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            run = run_process(argv, self.settings.compile_timeout_s, cwd=folder)
+        text = (run.stdout + run.stderr)[-LOG_TAIL:]
+        if run.returncode is None:
+            return " ".join(argv), f"compile timed out after {self.settings.compile_timeout_s:.0f}s", text
+        return " ".join(argv), first_error(text) if run.returncode else None, text
 
     def _nvcc_command(self, shape: Shape, candidate: Candidate) -> str:
         spec = self.manifest.dsl(candidate.dsl)
-        src = f"{shape.key}_{candidate.short_hash}.{spec.ext}"
-        return " ".join([spec.build.compiler, f"-arch={spec.build.arch}", *spec.build.flags, "-c", src])
+        src_name = f"{shape.key}_{candidate.short_hash}.{spec.ext}"
+        return " ".join([spec.build.compiler, f"-arch={spec.build.arch}", *spec.build.flags, "-c", src_name])
 
     # -- measure ------------------------------------------------------------------------------------
 
@@ -233,19 +380,15 @@ class SimBackend(Backend):
         ]
 
     def runtime_fault(self, dsl: str, dtype: str, art: SimArtifact) -> Outcome | None:
-        """The hash-chosen runtime failure of a candidate, or None; seeds never fail."""
-        draw = model.unit("runtime", art.hash)
-        if draw >= RUNTIME_FAULT_RATE or self._is_seed(dsl, dtype, art.knobs):
-            return None
-        share = draw / RUNTIME_FAULT_RATE
-        return next(outcome for bound, outcome in RUNTIME_FAULTS if share < bound)
+        """The runtime failure of a candidate (decided at build, see :func:`knob_effect`), or None."""
+        return art.fault
 
     def _run_one(self, gpu: GpuContext, shape: Shape, art: SimArtifact, throttled: bool) -> Measurement:
         header = self._raw_header(gpu, shape, art)
         fault = self.runtime_fault(art.dsl, shape.dtype, art)
         if fault is not None:
             return self._failure(shape, art, fault, header)
-        pred = model.predict(self.shape_model(gpu.gpu_type, shape, art.dsl), art.knobs)
+        pred = self._predict(gpu.gpu_type, shape, art)
         rng = random.Random(_seed(shape.key, art.hash, self._next_count(shape, art.hash)))
         tflops = (
             pred.tflops * (1.0 + rng.gauss(0.0, NOISE_SIGMA)) * (THROTTLED_SLOWDOWN if throttled else 1.0)
@@ -310,7 +453,7 @@ class SimBackend(Backend):
         art = self.decode(shape, artifact)
         self._sleep(self.settings.sim_profile_s)
         m = self.shape_model(gpu.gpu_type, shape, art.dsl)
-        pred = model.predict(m, art.knobs)
+        pred = self._predict(gpu.gpu_type, shape, art)
         kind = model.bottleneck(m, art.knobs, pred)
         metrics = model.profile_metrics(m, art.knobs, pred, self.manifest.gpu(gpu.gpu_type).mem_gbps)
         lines = [f"==PROF== sim ncu --set full  {shape.key} cand={art.hash[:12]}"]

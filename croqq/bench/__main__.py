@@ -1,4 +1,5 @@
-"""`python -m croqq.bench [--only writer,sweep,duty,recovery] [--out bench/results.json]`: all benchmarks."""
+"""`python -m croqq.bench [--only writer,sweep,duty,recovery,source,agent] [--out bench/results.json]`: all
+benchmarks."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from croqq.bench import cluster_bench, writer_bench
+from croqq.bench import agent_bench, cluster_bench, writer_bench
 from croqq.logs import configure
 
 log = logging.getLogger("croqq.bench")
-PARTS = ("writer", "sweep", "duty", "recovery")
+PARTS = ("writer", "sweep", "duty", "recovery", "source", "agent")
 
 
 def main() -> None:
@@ -48,6 +49,14 @@ def main() -> None:
         if "duty" in parts:
             log.info("GPU duty-cycle benchmark (4 simulated GPUs, pipelined vs sequential) ...")
             results |= cluster_bench.duty_cycle(work / "duty")
+        if "source" in parts:
+            log.info(
+                "source-level run (scripted agent, 12 shapes x 10 iterations, nvcc from a fresh clone) ..."
+            )
+            results |= agent_bench.source_run(work / "source")
+        if "agent" in parts:
+            log.info("agent overhead (2,000-line kernel, 100-iteration history) ...")
+            results |= agent_bench.overhead()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

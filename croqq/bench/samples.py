@@ -73,6 +73,12 @@ class _Shape:
     profile_due: bool = False
 
 
+def sample_headers(key: str) -> dict[str, str]:
+    """The header closure of a sample source: a small stand-in for the family header it includes."""
+    dtype = parse_key(key).dtype
+    return {f"gemm_{dtype}.cuh": f"// sample {dtype} family header\n#pragma once\n#define CROQQ_SAMPLE 1\n"}
+
+
 def source_text(key: str, dsl: str, knobs: dict[str, int]) -> str:
     """A plausible ~1 KB candidate source for these knobs."""
     shape = parse_key(key)
@@ -355,8 +361,10 @@ def _iteration(ctx: _Ctx, sh: _Shape) -> StoreRequest:
         kind="iteration",
         round=rnd,
         source=src,
+        headers=sample_headers(sh.key),
         complete=done,
         best_source=sh.best_source if done else "",
+        best_headers=sample_headers(sh.key) if done else {},
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -26,22 +27,44 @@ def parse_knobs(text: str) -> dict[str, int]:
 def measure(
     key: str = typer.Option(..., "--key", help="Shape key, e.g. f16_4096x8192x4096."),
     knobs: str = typer.Option("", "--knobs", help="NAME=VALUE,...; unset knobs take the reference kernel's."),
+    source: Path | None = typer.Option(
+        None,
+        "--source",
+        help="A candidate source file, e.g. a stored tuning/<gpu>/<dsl>/srcs/<key>/iterNNN_<tag>.cu: its "
+        "includes are resolved next to it, so the stored headers are used (instead of --knobs).",
+    ),
+    gpu_type: str = typer.Option(
+        "", "--gpu", help="The GPU type the measurement was stored for (a label; shown in the output)."
+    ),
     dsl: str = typer.Option("cuda", "--dsl"),
     gpu_index: int = typer.Option(0, "--gpu-index", help="Which GPU of this host (simulated without NVML)."),
 ) -> None:
-    """Build one candidate and measure it on one GPU of this host; print one JSON line (no cluster)."""
+    """Build one candidate (knobs, or a source file) and measure it on one GPU of this host; print one
+    JSON line (no cluster). Run in the results repo, `--source` reproduces a stored measurement."""
     from croqq.backends import make_backend
     from croqq.backends._base import GpuContext
-    from croqq.domain.knobs import make_candidate, seed_knobs
+    from croqq.backends.toolchain import knob_candidate, toolchain_id
+    from croqq.domain.knobs import seed_knobs, source_candidate
     from croqq.domain.manifest import load_manifest
     from croqq.domain.shapes import parse_key
+    from croqq.domain.source import SourceError, load_stored, read_file
     from croqq.probes import make_probe
 
     settings = load_settings()
     manifest = load_manifest(settings.manifest)
     shape = parse_key(key)
-    chosen = seed_knobs(manifest, dsl, shape.dtype, "reference") | parse_knobs(knobs)
-    cand = make_candidate(manifest, dsl, shape, chosen)
+    if source is not None and knobs:
+        raise ConfigError("--source and --knobs are exclusive: a source file sets its own knobs")
+    if source is not None:
+        try:
+            text, headers = load_stored(str(source.resolve()), read_file)
+        except SourceError as exc:
+            raise ConfigError(f"--source: {exc}") from exc
+        tool = toolchain_id(settings, manifest, dsl)
+        cand = source_candidate(manifest, dsl, shape.dtype, text, headers, tool)
+    else:
+        chosen = seed_knobs(manifest, dsl, shape.dtype, "reference") | parse_knobs(knobs)
+        cand = knob_candidate(manifest, settings, dsl, shape, chosen)
     probe = make_probe(settings)
     gpus = {g.index: g for g in probe.discover()}
     if gpu_index not in gpus:
@@ -59,6 +82,8 @@ def measure(
             {
                 "key": key,
                 "gpu": info.gpu_type,
+                "stored_for": gpu_type or info.gpu_type,
+                "content_hash": cand.content_hash,
                 "knobs": cand.knobs,
                 **result.model_dump(
                     include={

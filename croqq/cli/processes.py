@@ -62,8 +62,14 @@ def ideate_worker(
     ),
     log_level: str = LogLevel,
 ) -> None:
-    """Run an ideate worker (queue `ideate`): the proposer (search, or an external agent command)."""
+    """Run an ideate worker (queue `ideate`): the proposer (CROQQ_PROPOSER: search, or a coding agent
+    CROQQ_AGENT). A preset whose executable is missing refuses at start-up (exit 2): this worker then
+    takes no IDEATE work, and the shapes go to other ideate workers."""
+    from croqq.domain.manifest import load_manifest
+    from croqq.proposers import make_proposer
+
     settings = load_settings()
+    make_proposer(settings, load_manifest(settings.manifest)).check_ready()
     _shared_worker("ideate", queues.IDEATE, "threads", concurrency or settings.ideate_concurrency, log_level)
 
 

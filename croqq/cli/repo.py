@@ -108,7 +108,7 @@ def _forget_live_state(settings, keys: list[str]) -> None:  # type: ignore[no-un
         raw = client.get(rkeys.shape(sid))
         state = ShapeState.model_validate_json(raw) if raw else None
         pipe = client.pipeline()
-        pipe.delete(rkeys.shape(sid), rkeys.ideas(sid))
+        pipe.delete(rkeys.shape(sid), rkeys.ideas(sid), rkeys.history(sid))
         pipe.srem(rkeys.SHAPES, sid)
         pipe.hdel(rkeys.SUMMARY, sid)
         pipe.zrem(rkeys.pending(sid.split("/", 1)[0]), sid)

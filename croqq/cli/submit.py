@@ -81,6 +81,12 @@ def submit(
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type, e.g. sm90_NVIDIA_H100_80GB_HBM3."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule; enqueue nothing."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the schedule as a JSON list."),
+    agent_calls: int | None = typer.Option(
+        None, "--agent-calls", min=0, help="Budget: stop ideating after this many agent calls (0: no limit)."
+    ),
+    agent_usd: float | None = typer.Option(
+        None, "--agent-usd", min=0.0, help="Budget: stop ideating once agents cost this much (0: no limit)."
+    ),
 ) -> None:
     """Submit shapes for tuning: every shape of the scenarios (134 per dtype), highest priority first.
 
@@ -100,6 +106,11 @@ def submit(
         _dry_run(schedule, as_json)
         return
     report = register(settings, manifest, schedule, dsl, mode, limit, gpu)
+    if agent_calls is not None or agent_usd is not None:
+        from croqq.cluster.agents import set_budget
+        from croqq.cluster.redis_client import connect
+
+        set_budget(connect(settings), agent_calls, agent_usd)
     typer.echo(
         f"submitted {len(schedule)} shape(s) to {report['gpu_type']}/{dsl} as {report['submission']}: "
         f"{report['new']} new, {report['resumed']} resumed, {report['reopened']} reopened, "

@@ -35,7 +35,9 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
     eta = meter.eta_s(snap) if meter else None
     line = (
         f"{rate:.1f} iter/s   ETA {_duration(eta)}   KEEP {c.get('KEEP', 0)}  DISCARD {c.get('DISCARD', 0)}  "
-        f"FAIL {c.get('FAIL', 0)}  compile-failed {c.get('attempts', 0)}   "
+        f"FAIL {c.get('FAIL', 0)}  attempts {c.get('attempts', 0)} "
+        f"(compile {c.get('attempts:compile', 0)}, check {c.get('attempts:check', 0)}, "
+        f"agent {c.get('attempts:agent', 0)}, repeat {c.get('attempts:repeat', 0)})   "
         f"re-dispatched {c.get('redispatch', 0)}  "
         f"quarantines {c.get('quarantines', 0)}  migrations {c.get('migrations', 0)}"
     )
@@ -44,7 +46,38 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
         gpus.add_column(col)
     for g in snap.gpus:
         gpus.add_row(g.uuid, g.status, str(g.active), _duration(g.busy_s), g.current or "idle")
-    return Group(shapes, line, gpus)
+    return Group(shapes, line, gpus, *_agents(snap))
+
+
+def _agents(snap: Snapshot) -> list[Table | str]:
+    """Agent health and budget lines (nothing when no agent ran)."""
+    out: list[Table | str] = []
+    budget = snap.budget
+    if budget is not None and (budget.max_calls or budget.max_usd):
+        limits = (
+            f"{budget.calls}/{budget.max_calls or '-'} calls, ${budget.usd:.2f}/${budget.max_usd or 0:.2f}"
+        )
+        out.append(
+            f"agent budget: {limits}"
+            + (f"  SPENT: ideation stopped ({budget.spent})" if budget.spent else "")
+        )
+    if not snap.agents:
+        return out
+    table = Table(show_edge=False)
+    for col in ("agent", "health", "calls", "failures", "agent time", "cost", "last error"):
+        table.add_column(col)
+    for a in snap.agents:
+        state = "healthy" if a.healthy else (f"backed off {a.backoff_s:.0f}s" if a.backoff_s else "failing")
+        table.add_row(
+            a.name,
+            state,
+            str(a.calls),
+            str(a.failures),
+            _duration(a.wall_s),
+            f"${a.cost_usd:.2f}",
+            a.last_error[:80] if not a.healthy else "",
+        )
+    return [*out, table]
 
 
 def summary_table(snap: Snapshot, limit: int = 20) -> Table:

@@ -9,14 +9,29 @@ import logging
 import time
 from collections.abc import Callable
 
+from croqq.backends.toolchain import candidate_of, knob_candidate
+from croqq.cluster import agents, keys
 from croqq.cluster import gpu as guard
-from croqq.cluster import keys
+from croqq.cluster import history as hist
 from croqq.cluster.messages import StepMessage
 from croqq.cluster.persist import loop_from_checkpoint, store_request
 from croqq.cluster.runtime import Runtime
 from croqq.cluster.state import ShapeState
-from croqq.domain.fsm import BaselineMeasured, Built, Measured, Phase, Profiled, Proposed, Resynced, Stored
-from croqq.domain.knobs import Candidate, make_candidate, seed_knobs
+from croqq.domain.fsm import (
+    BaselineMeasured,
+    Built,
+    Measured,
+    Phase,
+    Profiled,
+    Proposed,
+    Rejected,
+    Resynced,
+    Stored,
+)
+from croqq.domain.knobs import Candidate, seed_knobs
+from croqq.domain.phases import next_phase
+from croqq.domain.records import BuildOutcome, Idea
+from croqq.domain.source import SourceError, load_stored
 from croqq.errors import IllegalTransitionError, TerminalError
 from croqq.proposers._base import ProposeContext
 
@@ -24,8 +39,30 @@ log = logging.getLogger(__name__)
 Executor = Callable[[Runtime, ShapeState, StepMessage], object]
 
 
-def _candidate(rt: Runtime, state: ShapeState, knobs: dict[str, int]) -> Candidate:
-    return make_candidate(rt.manifest, state.dsl, state.shape, knobs)
+def _best_source(rt: Runtime, state: ShapeState) -> str:
+    """The best kernel's logical source: the loop's, else (a loop rebuilt from a checkpoint) the stored
+    file read back from the results repo, else the template rendered with the best knobs."""
+    loop = state.loop
+    if loop.best_source:
+        return loop.best_source
+    reader = rt.results_reader()
+    ckpt = rt.load_checkpoint(state.gpu_type, state.dsl, state.key) if reader is not None else None
+    if reader is not None and ckpt is not None and ckpt.best_kernel:
+
+        def read(path: str) -> str | None:
+            data = reader.read(path)
+            return data.decode("utf-8") if data is not None else None
+
+        try:
+            return load_stored(ckpt.best_kernel, read)[0]
+        except SourceError as exc:
+            log.warning("%s: cannot read the stored best kernel back (%s); using its knobs", state.key, exc)
+    knobs = loop.best_knobs or loop.seed_knobs
+    return knob_candidate(rt.manifest, rt.settings, state.dsl, state.shape, knobs).source
+
+
+def _candidate(rt: Runtime, state: ShapeState, source: str) -> Candidate:
+    return candidate_of(rt.manifest, rt.settings, state.dsl, state.dtype, source)
 
 
 _BUILT: dict[str, str] = {}  # content hash -> artifact, for kernels this process had to build itself
@@ -48,12 +85,14 @@ def _artifact(rt: Runtime, state: ShapeState, cand: Candidate, what: str) -> str
 
 def _best_artifact(rt: Runtime, state: ShapeState) -> str:
     loop = state.loop
-    return loop.best_artifact or _artifact(rt, state, _candidate(rt, state, loop.best_knobs), "best")
+    if loop.best_artifact:
+        return loop.best_artifact
+    return _artifact(rt, state, _candidate(rt, state, _best_source(rt, state)), "best")
 
 
 def _seed(rt: Runtime, state: ShapeState) -> Candidate:
     knobs = seed_knobs(rt.manifest, state.dsl, state.dtype, rt.manifest.mode(state.mode).seed)
-    return _candidate(rt, state, knobs)
+    return knob_candidate(rt.manifest, rt.settings, state.dsl, state.shape, knobs)
 
 
 def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasured:
@@ -68,11 +107,7 @@ def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasur
         vendor = rt.backend.vendor_tflops(gpu, state.shape)
     guard.after_run(gpu, measurement)
     return BaselineMeasured(
-        knobs=knobs,
-        measurement=measurement,
-        vendor_tflops=vendor,
-        run_command=rt.backend.run_command(state.shape, cand),
-        artifact=artifact,
+        knobs=knobs, source=cand.source, measurement=measurement, vendor_tflops=vendor, artifact=artifact
     )
 
 
@@ -85,40 +120,56 @@ def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
     return Profiled(profile=result)
 
 
-def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed:
+def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejected:
     loop = state.loop
-    spec = rt.manifest.dsl(state.dsl)
+    proposer = rt.proposer
+    agents.wait_until_allowed(rt.client, proposer.name, state.key)  # DeferredError: the shape waits
+    history = hist.load(rt.client, state.sid)
+    phase, reason = next_phase(loop.strategy, history, loop.profile_fresh)
+    profile = loop.last_profile
     ctx = ProposeContext(
         shape=state.shape,
         dsl=state.dsl,
         gpu_type=state.gpu_type,
         iteration=loop.current_iter + 1,
-        knob_space=spec.knobs,
+        knob_space=rt.manifest.dsl(state.dsl).knobs,
         best_knobs=loop.best_knobs or loop.seed_knobs,
+        best_source=_best_source(rt, state),
+        best_iter=max(loop.best_iter, 0),
         best_tflops=loop.best_tflops,
+        baseline_tflops=loop.baseline_tflops,
+        vendor_tflops=loop.vendor_tflops,
         peak_tflops=rt.manifest.gpu(state.gpu_type).peak_tflops[state.dtype],
         strategy=loop.strategy,
         consecutive_discards=loop.consecutive_discards,
-        bottleneck=loop.last_profile.bottleneck if loop.last_profile else "unknown",
+        phase=phase,
+        phase_reason=reason,
+        bottleneck=profile.bottleneck if profile else "unknown",
+        profile_metrics=profile.metrics if profile else {},
         tried=sorted(rt.client.smembers(keys.ideas(state.sid))),
+        history=history,
     )
-    idea = rt.proposer.propose(ctx)
-    if rt.settings.backend == "sim" and rt.settings.time_scale > 0:
+    answer = proposer.propose(ctx)
+    agents.record_call(rt.client, proposer.name, answer)
+    if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and proposer.name == "search":
         time.sleep(rt.settings.sim_ideate_s * rt.settings.time_scale)  # the simulated agent's think time
-    return Proposed(idea=idea)
+    if isinstance(answer, Idea):
+        return Proposed(idea=answer)
+    log.info("%s iter%03d: %s rejected: %s", state.key, ctx.iteration, answer.proposer, answer.reason)
+    return Rejected(rejection=answer)
 
 
 def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built:
     pending = state.loop.pending
     if state.loop.phase == Phase.BASELINE:
-        cand = _seed(rt, state)
-    elif pending is None or pending.idea is None:
+        return Built(build=rt.backend.build(state.shape, _seed(rt, state)))
+    if pending is None or pending.idea is None:
         raise IllegalTransitionError(f"{state.key}: IMPLEMENT without an idea")
-    else:
-        cand = _candidate(rt, state, pending.idea.knobs)
-    return Built(
-        build=rt.backend.build(state.shape, cand), run_command=rt.backend.run_command(state.shape, cand)
-    )
+    try:
+        cand = _candidate(rt, state, pending.idea.source)
+    except SourceError as exc:  # a header this build host does not have: the build fails, like nvcc's
+        return Built(build=BuildOutcome(ok=False, reason=str(exc)[:300], log=str(exc)))
+    return Built(build=rt.backend.build(state.shape, cand))
 
 
 def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:

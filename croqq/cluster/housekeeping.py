@@ -153,7 +153,9 @@ def _replan(rt: Runtime, sid: str) -> int:
 
 def rebuild(rt: Runtime) -> int:
     """Cold start: recreate live state from the results repo's checkpoints and state.json."""
-    from croqq.store.load import list_runs, load_state, tried_hashes
+    from croqq.cluster import history
+    from croqq.cluster.state import make_sid
+    from croqq.store.load import list_runs, load_attempts, load_rounds, load_state, tried_hashes
 
     repo = rt.results_reader()
     if repo is None:
@@ -166,4 +168,13 @@ def rebuild(rt: Runtime) -> int:
     def tried(gpu_type: str, dsl: str, key: str) -> list[str]:
         return tried_hashes(repo, gpu_type, dsl, key)
 
-    return rt.coordinator.rebuild_from_repo(list_runs(repo), state_keys, tried)
+    count = rt.coordinator.rebuild_from_repo(list_runs(repo), state_keys, tried)
+    for gpu_type, dsl in list_runs(repo) if count else []:
+        for key in state_keys(gpu_type, dsl):
+            sid = make_sid(gpu_type, dsl, key)
+            if not rt.client.exists(keys.history(sid)):
+                entries = history.entries_from_repo(
+                    load_rounds(repo, gpu_type, dsl, key), load_attempts(repo, gpu_type, dsl, key)
+                )
+                history.save(rt.client, sid, entries)
+    return count

@@ -60,6 +60,17 @@ def ideas(sid: str) -> str:
     return f"{PREFIX}:ideas:{sid}"
 
 
+def history(sid: str) -> str:
+    return f"{PREFIX}:history:{sid}"
+
+
+def agent_health(agent: str) -> str:
+    return f"{PREFIX}:agent:{agent}"
+
+
+AGENT_BUDGET = f"{PREFIX}:agent_budget"
+
+
 def step(step_id: str) -> str:
     return f"{PREFIX}:step:{step_id}"
 

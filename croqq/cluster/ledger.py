@@ -30,7 +30,7 @@ from croqq.cluster import keys
 from croqq.cluster.queues import GPU_KINDS, SHARED_QUEUE
 from croqq.cluster.redis_client import strs, text
 from croqq.cluster.state import ShapeState
-from croqq.domain.fsm import Measured, Phase, Proposed, Stored, decide_event, transition
+from croqq.domain.fsm import Measured, Phase, Proposed, Rejected, Stored, decide_event, transition
 from croqq.errors import StaleStepError
 
 log = logging.getLogger(__name__)
@@ -280,6 +280,8 @@ class Ledger:
             pipe.multi()
             if isinstance(event, Proposed):
                 pipe.sadd(keys.ideas(state.sid), event.idea.content_hash)
+            if isinstance(event, Rejected) and event.rejection.content_hash:
+                pipe.sadd(keys.ideas(state.sid), event.rejection.content_hash)
             if isinstance(event, Stored):
                 for hook in self.on_stored:
                     hook(pipe, before, state, event)

@@ -9,15 +9,16 @@ from __future__ import annotations
 import datetime as dt
 
 from croqq.cluster.state import ShapeState
+from croqq.domain import source as src
 from croqq.domain.decide import BASELINE
 from croqq.domain.fsm import Loop, Phase
-from croqq.domain.knobs import make_candidate
+from croqq.domain.knobs import include_resolver
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import Measurement, MeasureResult
 from croqq.errors import IllegalTransitionError
 from croqq.settings import Settings
 from croqq.store import paths
-from croqq.store.schema import AttemptRecord, Checkpoint, RoundRecord, StoreRequest, state_entry
+from croqq.store.schema import AttemptKind, AttemptRecord, Checkpoint, RoundRecord, StoreRequest, state_entry
 
 
 def now_iso() -> str:
@@ -27,6 +28,12 @@ def now_iso() -> str:
 def _src_path(manifest: Manifest, state: ShapeState, iteration: int, tag: str) -> str:
     ext = manifest.dsl(state.dsl).ext
     return paths.RunPaths(state.gpu_type, state.dsl).src(state.key, iteration, tag, ext)
+
+
+def run_command(state: ShapeState, kernel: str) -> str:
+    """What reproduces a stored measurement: `croqq measure` on the stored source, run in the results
+    repo (results.tsv's run_command)."""
+    return f"croqq measure --gpu {state.gpu_type} --key {state.key} --source {kernel}"
 
 
 def _checkpoint(manifest: Manifest, state: ShapeState, loop: Loop, status: str) -> Checkpoint:
@@ -89,14 +96,23 @@ def store_request(
         "state": state_entry(ckpt),
     }
     if pending.attempt_no is not None:
-        assert pending.idea is not None and pending.build is not None
+        rej, build = pending.rejection, pending.build
+        kind: AttemptKind
+        if rej is not None:
+            kind, reason, log = rej.kind, rej.reason, ""
+        else:
+            assert build is not None
+            kind, reason, log = "compile", build.reason or "compile failed", build.log[-4000:]
+        idea = pending.idea.model_copy(update={"source": ""}) if pending.idea else None
         attempt = AttemptRecord(
             key=state.key,
             attempt_no=pending.attempt_no,
             after_iter=loop.current_iter,
-            idea=pending.idea,
-            reason=pending.build.reason or "compile failed",
-            log=pending.build.log[-4000:],
+            kind=kind,
+            proposer=rej.proposer if rej else (idea.proposer if idea else ""),
+            idea=idea,
+            reason=reason,
+            log=log,
             epoch=epoch,
             step_id=step_id,
             timestamp=now_iso(),
@@ -106,14 +122,14 @@ def store_request(
     assert iteration is not None
     knobs = pending.idea.knobs if pending.idea else loop.seed_knobs
     tag = pending.idea.tag if pending.idea else "baseline"
-    source = make_candidate(manifest, state.dsl, state.shape, knobs).source
+    source = pending.idea.source if pending.idea else loop.seed_source
+    kernel = _src_path(manifest, state, iteration, tag)
+    read = src.read_from(include_resolver(manifest, state.dsl, settings.kernels_dir))
     measure = pending.measure or MeasureResult(
         candidate=Measurement(outcome="crash", detail="no measurement")
     )
     profile = loop.last_profile if loop.profile_fresh else None
-    best_source = ""
-    if status == "done" and after.best_iter >= 0:
-        best_source = make_candidate(manifest, state.dsl, state.shape, after.best_knobs).source
+    best_source = after.best_source if status == "done" and after.best_iter >= 0 else ""
     round_ = RoundRecord(
         key=state.key,
         iteration=iteration,
@@ -122,7 +138,7 @@ def store_request(
         hw_eff_pct=round(100.0 * pending.tflops / manifest.gpu(state.gpu_type).peak_tflops[state.dtype], 3),
         best_before=pending.best_before,
         best_after=after.best_tflops,
-        kernel=_src_path(manifest, state, iteration, tag),
+        kernel=kernel,
         knobs=knobs,
         idea=pending.idea,
         strategy=loop.strategy,
@@ -130,7 +146,7 @@ def store_request(
         bottleneck=loop.last_profile.bottleneck if loop.last_profile else "unknown",
         profile=profile,
         measure=measure,
-        run_command=pending.run_command or "",
+        run_command=run_command(state, kernel),
         gpu_uuid=measure.gpu_uuid or (state.gpu_uuid or ""),
         epoch=epoch,
         step_id=step_id,
@@ -140,8 +156,10 @@ def store_request(
         kind="iteration",
         round=round_,
         source=source,
+        headers=src.header_closure(source, read),
         complete=status == "done",
         best_source=best_source,
+        best_headers=src.header_closure(best_source, read) if best_source else {},
         **common,
     )
 

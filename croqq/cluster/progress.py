@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from croqq.cluster import keys, registry, stats
+from croqq.cluster import agents, keys, registry, stats
+from croqq.cluster.agents import AgentHealth, Budget
 from croqq.cluster.state import ShapeSummary
 
 
@@ -42,6 +43,8 @@ class Snapshot:
     gpus: list[GpuProgress]
     counters: dict[str, int]
     shapes: dict[str, ShapeSummary] = field(default_factory=dict)
+    agents: list[AgentHealth] = field(default_factory=list)
+    budget: Budget | None = None
 
     @property
     def total(self) -> DtypeProgress:
@@ -91,7 +94,15 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
                 busy_s=stats.busy(client, g.uuid).get("busy_s", 0.0),
             )
         )
-    return Snapshot(at=time.time(), dtypes=dtypes, gpus=gpus, counters=stats.counters(client), shapes=shapes)
+    return Snapshot(
+        at=time.time(),
+        dtypes=dtypes,
+        gpus=gpus,
+        counters=stats.counters(client),
+        shapes=shapes,
+        agents=agents.health(client),
+        budget=agents.budget(client),
+    )
 
 
 class RateMeter:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from croqq.cluster import stats
+from croqq.cluster import history, stats
 from croqq.cluster.coordinator import Coordinator
 from croqq.cluster.leases import Heartbeat, owner_id
 from croqq.cluster.ledger import Ledger, StepRecord
@@ -102,6 +102,7 @@ class Runtime:
     def ledger(self) -> Ledger:
         ledger = Ledger(self.client, self.settings.lease_ttl_s, self._publisher)  # type: ignore[arg-type]
         ledger.on_stored.append(stats.on_stored)
+        ledger.on_stored.append(history.on_stored)
         ledger.on_done.append(self._refill)
         return ledger
 

@@ -1,7 +1,8 @@
 """Counters for progress, status and benchmarks, updated inside the ledger's STORE transaction.
 
-croqq:stats             hash: stored, stored:<dtype>, attempts, KEEP, DISCARD, FAIL, BASELINE,
-                        redispatch, quarantines, migrations, offline
+croqq:stats             hash: stored, stored:<dtype>, attempts, attempts:<reason> (compile, check,
+                        agent, repeat), KEEP, DISCARD, FAIL, BASELINE, redispatch, quarantines,
+                        migrations, offline
 croqq:overhead          list: per-iteration control-plane overhead in ms (newest first, capped)
 croqq:gpu_busy:<uuid>   hash: busy_s, steps, first, last (duty cycle)
 """
@@ -25,7 +26,9 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
     """Ledger hook (pipe in multi mode): count what was just stored."""
     pending = before.loop.pending
     if event.iteration is None:
+        reason = pending.rejection.kind if pending and pending.rejection else "compile"
         pipe.hincrby(keys.STATS, "attempts", 1)
+        pipe.hincrby(keys.STATS, f"attempts:{reason}", 1)
         return
     decision = (pending.decision if pending else None) or "BASELINE"
     pipe.hincrby(keys.STATS, "stored", 1)

@@ -6,12 +6,14 @@ its lease, and the lease's expiry re-dispatches it (the result is then measured 
 
 Outcomes (returned, and logged with shape, step and GPU): done, rejected (bad payload), missing/stale/
 running/done/dropped (a duplicate or stale message, dropped), requeued (retryable fault), quarantined
-(the GPU failed its health check), failed (terminal fault: the shape is parked as 'error').
+(the GPU failed its health check), deferred (an agent backed off or its budget spent: the
+shape waits), failed (terminal fault: the shape is parked as 'error').
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ from croqq.cluster.queues import GPU_KINDS, STEP_TASK
 from croqq.cluster.runtime import Runtime
 from croqq.cluster.state import ShapeState
 from croqq.errors import (
+    DeferredError,
     GpuLeaseLostError,
     GpuUnavailableError,
     InvalidRecordError,
@@ -96,6 +99,11 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
     except GpuLeaseLostError as exc:
         rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner)
         return "requeued", None
+    except DeferredError as exc:  # not a failure: pause (the lease is kept alive), then back to the queue
+        log.info("%s %s deferred: %s", msg.kind, msg.step_id, exc)
+        time.sleep(exc.wait_s)
+        rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner)
+        return "deferred", None
     except GpuUnavailableError as exc:
         rt.coordinator.quarantine(rt.gpu.uuid, str(exc))
         return "quarantined", None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+EXIT_CONFIG = 2  # `croqq` refused its configuration (one line in the child's log): restarting cannot help
 
 
 @dataclass
@@ -73,6 +74,11 @@ class Supervisor:
                 child.died_at = now
                 child.history.append(child.popen.returncode)
                 log.warning("%s exited with %s", child.name, child.popen.returncode)
+                if child.popen.returncode == EXIT_CONFIG:
+                    child.restart = False
+                    log.error(
+                        "%s refused its configuration (see %s); not restarting it", child.name, child.logfile
+                    )
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(child.popen.pid, signal.SIGKILL)  # its orphans (a pool child mid-task) go too
             delay = RESTART_BACKOFF_S[min(child.restarts, len(RESTART_BACKOFF_S) - 1)]

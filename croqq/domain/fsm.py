@@ -1,8 +1,9 @@
 """The per-shape tuning loop as a pure finite state machine: ``transition(loop, event) -> loop``.
 
     INIT -> BASELINE -> STORE -> [PROFILE] -> IDEATE -> IMPLEMENT -> MEASURE -> DECIDE -> STORE -> ... -> DONE
-                                                           |  compile failure
-                                                           +-> STORE(attempt) -> IDEATE  (no iteration id)
+                                  |                        |  compile failure
+                                  +------------------------+-> STORE(attempt) -> IDEATE  (no iteration id)
+                                   rejected (the agent failed, or its answer failed a check)
 
 - BASELINE first builds the seed kernel (``Built``, on a build worker), then measures it
   (``BaselineMeasured``, on the GPU); a seed that does not build is an error of the manifest, not a
@@ -22,7 +23,15 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from croqq.domain.decide import BASELINE, KEEP, counted_tflops, decide
-from croqq.domain.records import BuildOutcome, Idea, Measurement, MeasureResult, Profile, Strategy
+from croqq.domain.records import (
+    BuildOutcome,
+    Idea,
+    Measurement,
+    MeasureResult,
+    Profile,
+    Rejection,
+    Strategy,
+)
 from croqq.errors import IllegalTransitionError
 
 STALL_PROFILE = 3
@@ -53,9 +62,9 @@ class Start(_Event):
 class BaselineMeasured(_Event):
     type: Literal["baseline_measured"] = "baseline_measured"
     knobs: dict[str, int]
+    source: str = ""
     measurement: Measurement
     vendor_tflops: float | None = None
-    run_command: str = ""
     artifact: str = ""
 
 
@@ -69,10 +78,16 @@ class Proposed(_Event):
     idea: Idea
 
 
+class Rejected(_Event):
+    """IDEATE produced no buildable candidate: stored as an attempt, then IDEATE again."""
+
+    type: Literal["rejected"] = "rejected"
+    rejection: Rejection
+
+
 class Built(_Event):
     type: Literal["built"] = "built"
     build: BuildOutcome
-    run_command: str = ""
 
 
 class Measured(_Event):
@@ -104,12 +119,12 @@ class Pending(BaseModel):
 
     iteration: int | None = None
     idea: Idea | None = None
+    rejection: Rejection | None = None
     build: BuildOutcome | None = None
     measure: MeasureResult | None = None
     decision: str | None = None
     tflops: float = 0.0
     best_before: float = 0.0
-    run_command: str = ""
     attempt_no: int | None = None
 
 
@@ -128,9 +143,11 @@ class Loop(BaseModel):
     baseline_tflops: float = 0.0
     vendor_tflops: float | None = None
     best_knobs: dict[str, int] = {}
+    best_source: str = Field("", description="The best kernel's logical source ('' before the baseline).")
     best_tag: str = ""
     best_artifact: str = Field("", description="The best kernel's built artifact (empty: build it again).")
     seed_knobs: dict[str, int] = {}
+    seed_source: str = ""
     consecutive_discards: int = 0
     attempts: int = 0
     profile_due: bool = False
@@ -162,7 +179,17 @@ class Resynced(_Event):
 
 
 Event = Annotated[
-    Start | BaselineMeasured | Profiled | Proposed | Built | Measured | Decided | Stored | Reopen | Resynced,
+    Start
+    | BaselineMeasured
+    | Profiled
+    | Proposed
+    | Rejected
+    | Built
+    | Measured
+    | Decided
+    | Stored
+    | Reopen
+    | Resynced,
     Field(discriminator="type"),
 ]
 
@@ -199,13 +226,13 @@ def _baseline(loop: Loop, ev: BaselineMeasured) -> Loop:
         measure=MeasureResult(candidate=ev.measurement, vendor_tflops=ev.vendor_tflops),
         decision=decision,
         tflops=tflops,
-        run_command=ev.run_command,
     )
     return loop.model_copy(
         update={
             "phase": Phase.STORE,
             "pending": pending,
             "seed_knobs": ev.knobs,
+            "seed_source": ev.source,
             "vendor_tflops": ev.vendor_tflops,
             "best_artifact": ev.artifact,
         }
@@ -234,6 +261,7 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
                 "best_tflops": pending.tflops,
                 "baseline_tflops": pending.tflops,
                 "best_knobs": loop.seed_knobs,
+                "best_source": loop.seed_source,
                 "best_tag": "baseline",
                 "profile_due": True,
             }
@@ -254,6 +282,7 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
             "best_iter": pending.iteration,
             "best_tflops": pending.tflops,
             "best_knobs": idea.knobs,
+            "best_source": idea.source,
             "best_tag": idea.tag,
             "best_artifact": pending.build.artifact if pending.build else "",
         }
@@ -273,7 +302,7 @@ def transition(loop: Loop, event: _Event) -> Loop:
             raise IllegalTransitionError(
                 f"the seed kernel does not build: {event.build.reason or 'compile error'}"
             )
-        return loop.model_copy(update={"pending": Pending(build=event.build, run_command=event.run_command)})
+        return loop.model_copy(update={"pending": Pending(build=event.build)})
     if isinstance(event, BaselineMeasured) and phase == Phase.BASELINE:
         return _baseline(loop, event)
     if isinstance(event, Profiled) and phase == Phase.PROFILE:
@@ -287,9 +316,12 @@ def transition(loop: Loop, event: _Event) -> Loop:
         )
     if isinstance(event, Proposed) and phase == Phase.IDEATE:
         return loop.model_copy(update={"phase": Phase.IMPLEMENT, "pending": Pending(idea=event.idea)})
+    if isinstance(event, Rejected) and phase == Phase.IDEATE:
+        attempt = Pending(rejection=event.rejection, attempt_no=loop.attempts + 1)
+        return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})
     if isinstance(event, Built) and phase == Phase.IMPLEMENT and loop.pending is not None:
         if event.build.ok:
-            built = loop.pending.model_copy(update={"build": event.build, "run_command": event.run_command})
+            built = loop.pending.model_copy(update={"build": event.build})
             return loop.model_copy(update={"phase": Phase.MEASURE, "pending": built})
         attempt = loop.pending.model_copy(update={"build": event.build, "attempt_no": loop.attempts + 1})
         return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})

@@ -1,29 +1,35 @@
-"""Candidates: a kernel family plus values for its tunable knobs, rendered as a small source file.
+"""Candidates: one self-contained source (plus the headers it includes) that IMPLEMENT builds.
 
-A candidate's identity is the content hash of its rendered source, so the same idea phrased twice is
-recognized as a repeat (the proposer never proposes a hash it has seen for that shape).
+A knob candidate is the special case of a source rendered from the dtype's template (shape and knob
+macros, then the family's header); an agent's candidate is any source that passes the checks. Either way
+the identity is :func:`croqq.domain.source.content_hash` (normalized source, header contents, flags,
+compiler version), so the same idea phrased twice is recognized as a repeat.
 """
 
 from __future__ import annotations
 
-import hashlib
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from croqq.domain import source as src
 from croqq.domain.manifest import DslSpec, Manifest
 from croqq.domain.shapes import Shape
 from croqq.errors import ConfigError
 
 
 class Candidate(BaseModel):
-    """What IMPLEMENT builds and MEASURE times: the knob values for one shape's kernel."""
+    """What IMPLEMENT builds and MEASURE times: one source, its header closure, how it is compiled."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dsl: str
     dtype: str
-    knobs: dict[str, int]
-    source: str = Field(description="The rendered source text (what is stored under srcs/).")
+    knobs: dict[str, int] = Field(description="The knob macros the source defines.")
+    source: str = Field(description="The logical source (quoted includes by plain header name).")
+    headers: dict[str, str] = Field(default_factory=dict, description="name -> content, transitively.")
+    flags: list[str] = Field(default_factory=list)
+    toolchain: str = ""
     content_hash: str
 
     @property
@@ -61,14 +67,58 @@ def render_source(manifest: Manifest, dsl: str, shape: Shape, knobs: dict[str, i
     return "\n".join(lines) + "\n"
 
 
-def make_candidate(manifest: Manifest, dsl: str, shape: Shape, knobs: dict[str, int]) -> Candidate:
-    spec = manifest.dsl(dsl)
-    check_knobs(spec, knobs)
-    source = render_source(manifest, dsl, shape, knobs)
-    digest = hashlib.sha256(source.encode()).hexdigest()
+def include_resolver(manifest: Manifest, dsl: str, kernels_dir: Path) -> src.HeaderResolver:
+    """The manifest's include folders of a dsl (relative to ``kernels_dir``)."""
+    return src.HeaderResolver(tuple(kernels_dir / d for d in manifest.dsl(dsl).build.include_dirs))
+
+
+def compile_flags(manifest: Manifest, dsl: str, dtype: str) -> list[str]:
+    build = manifest.dsl(dsl).build
+    return [*build.flags, f"-arch={build.arch}", *build.dtype_flags.get(dtype, [])]
+
+
+def source_candidate(
+    manifest: Manifest,
+    dsl: str,
+    dtype: str,
+    source: str,
+    headers: dict[str, str],
+    toolchain: str,
+) -> Candidate:
+    """A candidate from a logical source and its header closure."""
+    flags = compile_flags(manifest, dsl, dtype)
     return Candidate(
-        dsl=dsl, dtype=shape.dtype, knobs=dict(sorted(knobs.items())), source=source, content_hash=digest
+        dsl=dsl,
+        dtype=dtype,
+        knobs=src.knob_values(source, manifest.dsl(dsl).knobs),
+        source=source,
+        headers=headers,
+        flags=flags,
+        toolchain=toolchain,
+        content_hash=src.content_hash(source, headers, flags, toolchain),
     )
+
+
+def resolve_candidate(
+    manifest: Manifest, dsl: str, dtype: str, source: str, kernels_dir: Path, toolchain: str
+) -> Candidate:
+    """A candidate whose headers come from the manifest's include folders (SourceError if one does not)."""
+    headers = src.header_closure(source, src.read_from(include_resolver(manifest, dsl, kernels_dir)))
+    return source_candidate(manifest, dsl, dtype, source, headers, toolchain)
+
+
+def make_candidate(
+    manifest: Manifest,
+    dsl: str,
+    shape: Shape,
+    knobs: dict[str, int],
+    kernels_dir: Path,
+    toolchain: str,
+) -> Candidate:
+    """The knob candidate: the dtype's template rendered with these knob values."""
+    check_knobs(manifest.dsl(dsl), knobs)
+    source = render_source(manifest, dsl, shape, knobs)
+    return resolve_candidate(manifest, dsl, shape.dtype, source, kernels_dir, toolchain)
 
 
 def seed_knobs(manifest: Manifest, dsl: str, dtype: str, seed: str) -> dict[str, int]:

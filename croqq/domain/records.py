@@ -18,15 +18,47 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Change = Literal["knobs", "structural"]  # what a candidate changed against the best it started from
+TuningPhase = Literal["knobs", "structural", "regenerate", "micro"]
+
+
+class AgentUsage(_Record):
+    """What one agent call cost (None where the agent does not report it)."""
+
+    agent: str
+    wall_s: float = Field(ge=0)
+    exit_code: int | None = None
+    turns: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+
+
 class Idea(_Record):
-    """A proposal: which knobs to set, why, and the content hash of the resulting source."""
+    """A proposal: the candidate source, why, and its content hash."""
 
     summary: str = Field(min_length=1, max_length=300)
     tag: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$")
-    knobs: dict[str, int]
+    knobs: dict[str, int] = Field(description="The knob macros the source defines.")
     content_hash: str = Field(min_length=12)
     strategy: Strategy = "refine"
     proposer: str = "search"
+    source: str = Field("", description="The logical candidate source ('' in stored records: see srcs/).")
+    change: Change = "knobs"
+    phase: TuningPhase = "knobs"
+    agent: AgentUsage | None = None
+
+
+class Rejection(_Record):
+    """An IDEATE that produced no buildable candidate: the agent failed, or its answer failed a check.
+    Stored as an attempt (no iteration id); the shape goes on."""
+
+    proposer: str
+    reason: str = Field(min_length=1, max_length=500)
+    kind: Literal["agent", "check", "repeat"] = "check"
+    agent: AgentUsage | None = None
+    summary: str = ""
+    content_hash: str = ""
 
 
 class BuildOutcome(_Record):
@@ -92,3 +124,25 @@ class Profile(_Record):
     bottleneck: Bottleneck
     metrics: dict[str, float] = {}
     raw: str = ""
+
+
+class HistoryEntry(_Record):
+    """One stored iteration or attempt of a shape, as an agent reads it in history.md."""
+
+    iteration: int | None = None
+    attempt: int | None = None
+    after_iter: int = -1
+    summary: str
+    decision: str  # KEEP, DISCARD, FAIL_<reason>, BASELINE, or ATTEMPT_<reason>
+    tflops: float = 0.0
+    change: str = ""
+    proposer: str = ""
+    error: str = ""
+
+    @property
+    def field(self) -> str:
+        return f"i{self.iteration:03d}" if self.iteration is not None else f"a{self.attempt:03d}"
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.after_iter if self.iteration is None else self.iteration, self.iteration is None)

@@ -1,4 +1,4 @@
-"""Proposers: where ideas come from (a search strategy, or an external LLM agent command)."""
+"""Proposers: where ideas come from (a search strategy, or a coding agent that writes sources)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ if TYPE_CHECKING:
 
 
 def make_proposer(settings: Settings, manifest: Manifest) -> Proposer:
-    if settings.proposer == "command":
-        from croqq.proposers.command import CommandProposer
+    if settings.proposer == "agent":
+        from croqq.proposers.agent.proposer import AgentProposer
 
-        return CommandProposer(manifest, settings)
+        return AgentProposer(manifest, settings)
     from croqq.proposers.search import SearchProposer
 
     return SearchProposer(manifest, settings)

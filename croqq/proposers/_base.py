@@ -1,8 +1,10 @@
 """The proposer interface: ``propose(context) -> Idea``.
 
-The context carries what an agent resuming cold would need: the shape, the knob space, the best so far,
-the strategy signal (refine / escalate / radical from consecutive non-KEEPs), the last profile's
-bottleneck, recent rounds, and the content hashes already tried (an idea is never repeated).
+The context carries what an agent resuming cold would need: the shape, the knob space, the best source
+and its figures, the strategy signal (refine / escalate / radical from consecutive non-KEEPs) and the
+phase asked for, the last profile, the shape's history and the content hashes already tried (an idea
+is never repeated). A proposer answers with an :class:`Idea` (a candidate source), or a
+:class:`Rejection` when it produced nothing buildable (stored as an attempt; the shape goes on).
 """
 
 from __future__ import annotations
@@ -12,23 +14,16 @@ from abc import ABC, abstractmethod
 
 from pydantic import BaseModel, ConfigDict
 
-from croqq.domain.knobs import make_candidate
+from croqq.backends.toolchain import knob_candidate
 from croqq.domain.manifest import Manifest
-from croqq.domain.records import Idea, Strategy
+from croqq.domain.records import HistoryEntry, Idea, Rejection, Strategy, TuningPhase
 from croqq.domain.shapes import Shape
 from croqq.settings import Settings
 
 
-class RecentRound(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    iteration: int
-    knobs: dict[str, int]
-    decision: str
-    tflops: float
-
-
 class ProposeContext(BaseModel):
+    """Everything an IDEATE step knows about its shape (what an agent's workspace is built from)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     shape: Shape
@@ -37,13 +32,20 @@ class ProposeContext(BaseModel):
     iteration: int  # the iteration id this idea would become
     knob_space: dict[str, list[int]]
     best_knobs: dict[str, int]
+    best_source: str
+    best_iter: int = 0
     best_tflops: float
+    baseline_tflops: float = 0.0
+    vendor_tflops: float | None = None
     peak_tflops: float
     strategy: Strategy
     consecutive_discards: int
+    phase: TuningPhase = "knobs"
+    phase_reason: str = ""
     bottleneck: str
+    profile_metrics: dict[str, float] = {}
     tried: list[str]  # content hashes already proposed for this shape
-    recent: list[RecentRound] = []
+    history: list[HistoryEntry] = []
 
 
 def slug(text: str) -> str:
@@ -54,7 +56,7 @@ def slug(text: str) -> str:
 
 class Proposer(ABC):
     """Where ideas come from: :class:`~croqq.proposers.search.SearchProposer` (a search strategy) or
-    :class:`~croqq.proposers.command.CommandProposer` (an external agent command)."""
+    :class:`~croqq.proposers.agent.proposer.AgentProposer` (a coding agent that writes sources)."""
 
     name: str = "base"
 
@@ -63,14 +65,17 @@ class Proposer(ABC):
         self.settings = settings
 
     @abstractmethod
-    def propose(self, ctx: ProposeContext) -> Idea:
-        """A new idea for this shape: its content hash must not be in ``ctx.tried``."""
+    def propose(self, ctx: ProposeContext) -> Idea | Rejection:
+        """A new idea for this shape (its content hash not in ``ctx.tried``), or why there is none."""
+
+    def check_ready(self) -> None:  # noqa: B027 (most proposers need nothing)
+        """Raise ConfigError (one line) when this proposer cannot run on this host (worker start-up)."""
 
     def make_idea(
         self, ctx: ProposeContext, knobs: dict[str, int], summary: str, tag: str | None = None
     ) -> Idea:
-        """Validate the knobs and turn them into an Idea with its content hash."""
-        cand = make_candidate(self.manifest, ctx.dsl, ctx.shape, knobs)
+        """Validate the knobs and turn them into a knob candidate's Idea with its content hash."""
+        cand = knob_candidate(self.manifest, self.settings, ctx.dsl, ctx.shape, knobs)
         return Idea(
             summary=summary[:300] or "idea",
             tag=slug(tag or summary),
@@ -78,4 +83,7 @@ class Proposer(ABC):
             content_hash=cand.content_hash,
             strategy=ctx.strategy,
             proposer=self.name,
+            source=cand.source,
+            change="knobs",
+            phase=ctx.phase,
         )

@@ -15,7 +15,14 @@ from pydantic import BaseModel, ValidationError
 from croqq.errors import InvalidRecordError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
-from croqq.store.schema import SCHEMA_VERSION, Checkpoint, IdeaEntry, RoundRecord, StateFile
+from croqq.store.schema import (
+    SCHEMA_VERSION,
+    AttemptRecord,
+    Checkpoint,
+    IdeaEntry,
+    RoundRecord,
+    StateFile,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +118,9 @@ def load_rounds(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[RoundRecord
     path = paths.RunPaths(gpu, dsl).rounds_raw(key)
     data = repo.read(path)
     return parse_jsonl(data, RoundRecord, path) if data is not None else []
+
+
+def load_attempts(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[AttemptRecord]:
+    path = paths.RunPaths(gpu, dsl).attempts(key)
+    data = repo.read(path)
+    return parse_jsonl(data, AttemptRecord, path) if data is not None else []

@@ -9,6 +9,7 @@ tuning/<gpu>/<dsl>/memory/<key>/rounds.raw.jsonl
 tuning/<gpu>/<dsl>/memory/<key>/rounds.md
 tuning/<gpu>/<dsl>/memory/<key>/ideas.jsonl
 tuning/<gpu>/<dsl>/srcs/<key>/iter<NNN>_<tag>.<ext>
+tuning/<gpu>/<dsl>/headers/<hash16>/<name>          (once per distinct header content)
 tuning/<gpu>/<dsl>/perf/<key>/timing_iter<NNN>.txt
 tuning/<gpu>/<dsl>/perf/<key>/profile_iter<NNN>.txt
 kernels/<family>_<dtype>/<key>_best.<ext>

@@ -235,11 +235,13 @@ TRAILER_RESET = "Croqq-Reset"  # on a clean commit: one per shape whose history 
 
 def commit_message(req: StoreRequest) -> str:
     """``<key> iter<NNN>: <idea> - TFLOPS: <best before> -> <measured> (<decision>)`` for an iteration,
-    ``<key> attempt<N>: <idea> - compile failed (no iteration)`` for a compile-failed attempt; then git
+    ``<key> attempt<N>: <idea> - <kind> failed (no iteration)`` for an attempt (compile, check, agent,
+    repeat; with the reason when there was no idea); then git
     trailers naming the run (``<gpu>/<dsl>``: keys repeat across runs) and the step and epoch."""
     if req.attempt is not None:
-        summary = _oneline(req.attempt.idea.summary)
-        subject = f"{req.key} attempt{req.attempt.attempt_no}: {summary} - compile failed (no iteration)"
+        att = req.attempt
+        summary = _oneline(att.idea.summary if att.idea else f"{att.proposer}: {att.reason}")[:200]
+        subject = f"{req.key} attempt{att.attempt_no}: {summary} - {att.kind} failed (no iteration)"
     elif req.round is not None:
         rnd = req.round
         summary = _oneline(rnd.idea.summary) if rnd.idea else "baseline"

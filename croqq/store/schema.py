@@ -123,14 +123,21 @@ class RoundRecord(_Schema):
     timestamp: str
 
 
+AttemptKind = Literal["compile", "check", "agent", "repeat"]
+
+
 class AttemptRecord(_Schema):
-    """One line of attempts.jsonl: a candidate that failed to compile (it has no iteration id)."""
+    """One line of attempts.jsonl: an IDEATE or IMPLEMENT that produced no measurable candidate (it has
+    no iteration id): ``compile`` failed to build, ``check`` failed a check before the build, ``agent``
+    the agent itself failed (timed out, exited non-zero, wrote no candidate), ``repeat`` an earlier one."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     key: str
     attempt_no: int = Field(ge=1)
     after_iter: int = Field(ge=-1)
-    idea: Idea
+    kind: AttemptKind = "compile"
+    proposer: str = ""
+    idea: Idea | None
     reason: str
     log: str
     epoch: int = Field(ge=0)
@@ -163,11 +170,13 @@ class StoreRequest(_Schema):
     kind: Literal["iteration", "attempt"]
     round: RoundRecord | None = None
     attempt: AttemptRecord | None = None
-    source: str = Field("", description="Candidate source (srcs/) for an iteration.")
+    source: str = Field("", description="Candidate's logical source (srcs/) for an iteration.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Its header closure: name -> text.")
     checkpoint: Checkpoint
     state: StateEntry
     complete: bool = Field(False, description="This STORE completes the shape: register its best kernel.")
-    best_source: str = Field("", description="Source of the best kernel, when complete.")
+    best_source: str = Field("", description="Logical source of the best kernel, when complete.")
+    best_headers: dict[str, str] = Field(default_factory=dict)
 
 
 class StoreReceipt(_Schema):

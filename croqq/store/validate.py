@@ -11,7 +11,8 @@ across results.tsv, rounds.raw.jsonl and rounds.md and run 000, 001, ... with no
 the last round's ``best_after``; state.json's entry agrees with the checkpoint; every state entry has a
 checkpoint and vice versa; attempt records carry no iteration id; every path inside a record stays in
 the repo and the best kernel exists; no source ``#include`` is absolute or escapes the repo (resolved
-from the including file's folder); a complete shape has its best-kernel registry file. Outside runs:
+from the including file's folder) and every quoted one names a file of the repo (a stored kernel
+compiles from the repo alone); a complete shape has its best-kernel registry file. Outside runs:
 the registry files under ``kernels/<family>_<dtype>/`` are named for a key of that dtype and include
 nothing outside the repo.
 
@@ -67,8 +68,10 @@ class Problem:
         return f"{self.path}: {self.reason}"
 
 
-def include_problems(path: str, text: str) -> list[str]:
-    """Reasons why the ``#include`` lines of the source at ``path`` point outside the repo."""
+def include_problems(path: str, text: str, exists: Callable[[str], bool] | None = None) -> list[str]:
+    """Reasons why the ``#include`` lines of the source at ``path`` point outside the repo, or (with
+    ``exists``) why a quoted include does not resolve to a file of the repo: the source must compile from
+    the repo alone."""
     reasons = []
     for match in _INCLUDE.finditer(text):
         line = text.count("\n", 0, match.start()) + 1
@@ -77,8 +80,12 @@ def include_problems(path: str, text: str) -> list[str]:
         shown = f"{match.group(1)}{target}{close}"
         if target.startswith("/") or "\\" in target or re.match(r"^[A-Za-z]:", target):
             reasons.append(f"line {line}: #include {shown} is absolute")
-        elif not paths.is_inside_repo(posixpath.normpath(posixpath.join(posixpath.dirname(path), target))):
+        elif not paths.is_inside_repo(
+            resolved := posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        ):
             reasons.append(f"line {line}: #include {shown} escapes the repo")
+        elif exists is not None and match.group(1) == '"' and not exists(resolved):
+            reasons.append(f"line {line}: #include {shown} is not a file of the repo")
     return reasons
 
 
@@ -318,7 +325,8 @@ class _ShapeCheck:
         folder = self.run.srcs_dir(self.key)
         for name in self.r.repo.list_dir(folder):
             src = f"{folder}/{name}"
-            for reason in include_problems(src, (self._read(src) or b"").decode("utf-8", errors="replace")):
+            text = (self._read(src) or b"").decode("utf-8", errors="replace")
+            for reason in include_problems(src, text, self.r.repo.exists):
                 self.add(src, reason)
 
     def registry(self) -> None:
@@ -348,7 +356,7 @@ def check_registry(repo: GitRepo) -> list[Problem]:
             if match is None or match.group(1) != dtype:
                 problems.append(Problem(path, f"not <{dtype}_MxNxK>_best.<ext> for folder {folder}"))
             text = (repo.read(path) or b"").decode("utf-8", errors="replace")
-            problems += [Problem(path, reason) for reason in include_problems(path, text)]
+            problems += [Problem(path, reason) for reason in include_problems(path, text, repo.exists)]
     return problems
 
 

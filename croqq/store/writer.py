@@ -7,13 +7,14 @@ that would leave a gap (id > current_iter + 1) is refused. Otherwise every file 
 ONE commit (see ``croqq.store.paths`` for the layout):
 
 - iteration: results.tsv row, rounds.raw.jsonl line, rounds.md section, ideas.jsonl line, the source
-  under srcs/, perf/ timing file (and profile file when the round carries a profile), checkpoint,
+  under srcs/ with its headers under headers/ (compilable from the repo alone:
+  :func:`croqq.domain.source.stored_files`), perf/ timing file (and profile file when the round carries a profile), checkpoint,
   state.json entry, and the best-kernel registry file when the STORE completes the shape;
-- attempt: attempts.jsonl line, ideas.jsonl line (decision ``COMPILE_FAIL``, no iteration), checkpoint,
-  state.json entry.
+- attempt: attempts.jsonl line, ideas.jsonl line when it had a candidate (decision ``COMPILE_FAIL`` or
+  ``REJECTED_<kind>``, no iteration), checkpoint, state.json entry.
 
 rounds.raw.jsonl lines carry the whole RoundRecord except the raw timing and profile text (``raw``
-fields emptied): those are stored once, in perf/, and would otherwise make every append to a shape's
+fields and the idea's source emptied): those are stored once, in perf/ and srcs/, and would otherwise make every append to a shape's
 history several times larger.
 
 state.json (all shapes of a run, rewritten by every commit) is kept parsed in memory, keyed by its blob
@@ -29,6 +30,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
+from croqq.domain import source
 from croqq.errors import InvalidRecordError
 from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo, blob_id_of
@@ -211,6 +213,8 @@ def _lean(rnd: RoundRecord) -> RoundRecord:
     update: dict[str, object] = {"measure": rnd.measure.model_copy(update={"candidate": cand})}
     if rnd.profile is not None:
         update["profile"] = rnd.profile.model_copy(update={"raw": ""})
+    if rnd.idea is not None and rnd.idea.source:
+        update["idea"] = rnd.idea.model_copy(update={"source": ""})  # srcs/ holds it
     return rnd.model_copy(update=update)
 
 
@@ -244,24 +248,29 @@ def _stage_iteration(draft: _Draft, req: StoreRequest, rnd: RoundRecord) -> None
     draft.append(run.rounds_raw(key), _lean(rnd).model_dump_json() + "\n")
     draft.append(run.rounds_md(key), render.round_markdown(rnd), render.rounds_md_header(key))
     draft.append(run.ideas(key), _idea_entry(req, rnd).model_dump_json() + "\n")
-    draft.put(src_path(req, rnd), req.source)
+    for path, text in source.stored_files(run.root, src_path(req, rnd), req.source, req.headers).items():
+        draft.put(path, text)
     draft.put(run.timing(key, rnd.iteration), render.timing_text(rnd))
     if rnd.profile is not None:
         draft.put(run.profile(key, rnd.iteration), render.profile_text(rnd))
     if req.complete:
-        draft.put(paths.best_kernel(req.family, req.checkpoint.dtype, key, req.ext), req.best_source)
+        best = paths.best_kernel(req.family, req.checkpoint.dtype, key, req.ext)
+        for path, text in source.stored_files(run.root, best, req.best_source, req.best_headers).items():
+            draft.put(path, text)
 
 
 def _stage_attempt(draft: _Draft, req: StoreRequest, att: AttemptRecord) -> None:
     run, key = paths.RunPaths(req.gpu, req.dsl), req.key
     draft.append(run.attempts(key), att.model_dump_json() + "\n")
+    if att.idea is None:
+        return
     entry = IdeaEntry(
         content_hash=att.idea.content_hash,
         tag=att.idea.tag,
         summary=att.idea.summary,
         strategy=att.idea.strategy,
         iteration=None,
-        decision=COMPILE_FAIL,
+        decision=COMPILE_FAIL if att.kind == "compile" else f"REJECTED_{att.kind}",
         tflops=0.0,
     )
     draft.append(run.ideas(key), entry.model_dump_json() + "\n")

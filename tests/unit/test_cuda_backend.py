@@ -13,7 +13,8 @@ import pytest
 
 from croqq.backends._base import GpuContext
 from croqq.backends.cuda import CudaArtifact, CudaBackend, classify, parse_harness, parse_ncu_csv
-from croqq.domain.knobs import make_candidate, seed_knobs
+from croqq.backends.toolchain import knob_candidate
+from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import load_manifest
 from croqq.domain.shapes import parse_key
 from croqq.errors import InvalidRecordError
@@ -71,7 +72,9 @@ def artifact_for(binary: Path) -> str:
 
 
 def candidate(manifest):  # type: ignore[no-untyped-def]
-    return make_candidate(manifest, "cuda", SHAPE, seed_knobs(manifest, "cuda", "f16", "reference"))
+    return knob_candidate(
+        manifest, Settings(), "cuda", SHAPE, seed_knobs(manifest, "cuda", "f16", "reference")
+    )
 
 
 @pytest.mark.skipif(
@@ -81,7 +84,9 @@ def test_a_source_that_does_not_compile_is_an_outcome_with_the_first_error(manif
     kernels = tmp_path / "kernels" / "cuda"
     kernels.mkdir(parents=True)
     (kernels / "gemm_f16.cuh").write_text("#error croqq test: this kernel does not compile\n")
-    outcome = backend(manifest, tmp_path, kernels_dir=tmp_path).build(SHAPE, candidate(manifest))
+    knobs = seed_knobs(manifest, "cuda", "f16", "reference")
+    cand = knob_candidate(manifest, Settings(kernels_dir=tmp_path), "cuda", SHAPE, knobs)  # headers travel
+    outcome = backend(manifest, tmp_path).build(SHAPE, cand)
     assert not outcome.ok and "croqq test: this kernel does not compile" in outcome.reason
     assert "#error" in outcome.log
 

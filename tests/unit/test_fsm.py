@@ -14,13 +14,22 @@ from croqq.domain.fsm import (
     Phase,
     Profiled,
     Proposed,
+    Rejected,
     Reopen,
     Start,
     Stored,
     decide_event,
     transition,
 )
-from croqq.domain.records import BuildOutcome, Confirmation, Idea, Measurement, MeasureResult, Profile
+from croqq.domain.records import (
+    BuildOutcome,
+    Confirmation,
+    Idea,
+    Measurement,
+    MeasureResult,
+    Profile,
+    Rejection,
+)
 from croqq.errors import IllegalTransitionError
 
 KNOBS = {"TILE_M": 128}
@@ -45,6 +54,7 @@ EVENTS = {
     "baseline_measured": BaselineMeasured(knobs=KNOBS, measurement=ok(100.0)),
     "profiled": Profiled(profile=Profile(bottleneck="memory")),
     "proposed": Proposed(idea=idea()),
+    "rejected": Rejected(rejection=Rejection(proposer="claude", reason="agent claude wrote no candidate")),
     "built": Built(build=BuildOutcome(ok=True, artifact="a")),
     "measured": measured(90.0),
     "decided": Decided(decision="DISCARD"),
@@ -86,6 +96,7 @@ LEGAL = {
     (Phase.BASELINE, "baseline_measured"): Phase.STORE,
     (Phase.PROFILE, "profiled"): Phase.IDEATE,
     (Phase.IDEATE, "proposed"): Phase.IMPLEMENT,
+    (Phase.IDEATE, "rejected"): Phase.STORE,
     (Phase.IMPLEMENT, "built"): Phase.MEASURE,
     (Phase.MEASURE, "measured"): Phase.DECIDE,
     (Phase.DECIDE, "decided"): Phase.STORE,
@@ -139,6 +150,32 @@ def test_compile_failure_is_an_attempt_that_uses_no_iteration_id() -> None:
         transition(loop, Stored(iteration=1))
     loop = transition(loop, Stored(iteration=None))
     assert (loop.phase, loop.current_iter, loop.attempts) == (Phase.IDEATE, 0, 1)
+
+
+def test_a_rejected_ideate_is_an_attempt_that_uses_no_iteration_id_and_the_shape_goes_on() -> None:
+    loop = transition(at(Phase.IDEATE), EVENTS["rejected"])
+    assert loop.phase == Phase.STORE and loop.pending is not None and loop.pending.attempt_no == 1
+    assert loop.pending.rejection is not None and loop.pending.idea is None
+    with pytest.raises(IllegalTransitionError):
+        transition(loop, Stored(iteration=1))
+    loop = transition(loop, Stored(iteration=None))
+    assert (loop.phase, loop.current_iter, loop.attempts, loop.consecutive_discards) == (
+        Phase.IDEATE,
+        0,
+        1,
+        0,
+    )
+
+
+def test_a_kept_idea_makes_its_source_the_best_source() -> None:
+    source = '#define TILE_M 64\n#include "gemm_f16.cuh"\n'
+    loop = at(Phase.IDEATE)
+    kept = idea("win").model_copy(update={"source": source})
+    for step in (Proposed(idea=kept), EVENTS["built"], measured(120.0, best=100.0)):
+        loop = transition(loop, step)
+    loop = transition(loop, decide_event(loop))
+    loop = transition(loop, Stored(iteration=1))
+    assert loop.best_iter == 1 and loop.best_source == source
 
 
 def run_iteration(loop: Loop, ev: Measured) -> Loop:

@@ -12,7 +12,8 @@ import pytest
 
 from croqq.backends._base import GpuContext
 from croqq.backends.cuda import CudaBackend, build_references
-from croqq.domain.knobs import make_candidate, seed_knobs
+from croqq.backends.toolchain import knob_candidate
+from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.shapes import Shape
 from croqq.probes.nvml import nvml_available
@@ -72,7 +73,9 @@ def test_knobs_the_hardware_cannot_run_fail_to_compile_with_the_reason(
     manifest: Manifest, tmp_path: Path, knobs: dict[str, int], reason: str
 ) -> None:
     shape = Shape(dtype="f16", m=4096, n=4096, k=128)
-    cand = make_candidate(manifest, "cuda", shape, seed_knobs(manifest, "cuda", "f16", "reference") | knobs)
+    cand = knob_candidate(
+        manifest, Settings(), "cuda", shape, seed_knobs(manifest, "cuda", "f16", "reference") | knobs
+    )
     outcome = CudaBackend(manifest, Settings(build_dir=tmp_path)).build(shape, cand)
     assert not outcome.ok and reason in outcome.reason and "static assertion" in outcome.reason
 

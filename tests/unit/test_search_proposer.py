@@ -9,7 +9,8 @@ from functools import cache
 
 import pytest
 
-from croqq.domain.knobs import make_candidate, seed_knobs
+from croqq.backends.toolchain import knob_candidate
+from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.records import Strategy
 from croqq.domain.shapes import Shape, parse_key
@@ -45,7 +46,7 @@ def context(
 ) -> ProposeContext:
     best = reference(shape) if best is None else best
     if tried is None:
-        tried = [make_candidate(manifest(), "cuda", shape, reference(shape)).content_hash]
+        tried = [knob_candidate(manifest(), Settings(), "cuda", shape, reference(shape)).content_hash]
     return ProposeContext(
         shape=shape,
         dsl="cuda",
@@ -53,6 +54,7 @@ def context(
         iteration=iteration,
         knob_space=manifest().dsl("cuda").knobs,
         best_knobs=best,
+        best_source="",
         best_tflops=500.0,
         peak_tflops=989.4,
         strategy=strategy,
@@ -117,7 +119,7 @@ def test_an_exhausted_neighbourhood_widens_the_move() -> None:
     space = manifest().dsl("cuda").knobs
     ref = reference()
     neighbours = [
-        make_candidate(manifest(), "cuda", SHAPE, {**ref, knob: values[i]}).content_hash
+        knob_candidate(manifest(), Settings(), "cuda", SHAPE, {**ref, knob: values[i]}).content_hash
         for knob, values in space.items()
         for i in (values.index(ref[knob]) - 1, values.index(ref[knob]) + 1)
         if 0 <= i < len(values)
@@ -160,4 +162,7 @@ def test_every_idea_is_a_valid_candidate_for_the_shape() -> None:
     for strategy in strategies:
         for i in range(20):
             idea = proposer().propose(context(strategy, iteration=i, shape=shape))
-            assert make_candidate(manifest(), "cuda", shape, idea.knobs).content_hash == idea.content_hash
+            assert (
+                knob_candidate(manifest(), Settings(), "cuda", shape, idea.knobs).content_hash
+                == idea.content_hash
+            )

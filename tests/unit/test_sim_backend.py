@@ -77,7 +77,7 @@ def gpu(probe: GpuProbe | None = None) -> GpuContext:
 
 def cand(shape: Shape, **knobs: int) -> Candidate:
     base = seed_knobs(manifest(), "cuda", shape.dtype, "reference")
-    return make_candidate(manifest(), "cuda", shape, {**base, **knobs})
+    return make_candidate(manifest(), "cuda", shape, {**base, **knobs}, PROJECT_ROOT, "sim")
 
 
 def artifact(be: SimBackend, shape: Shape, **knobs: int) -> str:
@@ -135,7 +135,14 @@ def test_seed_kernels_build_and_measure_on_every_scheduled_shape() -> None:
     be = backend()
     for shape in all_shapes():
         for which in ("reference", "naive"):
-            c = make_candidate(manifest(), "cuda", shape, seed_knobs(manifest(), "cuda", shape.dtype, which))
+            c = make_candidate(
+                manifest(),
+                "cuda",
+                shape,
+                seed_knobs(manifest(), "cuda", shape.dtype, which),
+                PROJECT_ROOT,
+                "sim",
+            )
             build = be.build(shape, c)
             assert build.ok, (shape.key, which, build.reason)
             (m,) = be.measure(gpu(), shape, [build.artifact])

@@ -37,6 +37,7 @@ from croqq.domain.fsm import (
 )
 from croqq.domain.knobs import make_candidate, seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
+from croqq.domain.records import Idea
 from croqq.domain.schedule import build_schedule
 from croqq.domain.shapes import Shape
 from croqq.probes._base import GpuInfo, GpuProbe, Reading
@@ -104,7 +105,7 @@ class Driver:
     def on_baseline(self, loop: Loop) -> BaselineMeasured:
         manifest = self.backend.manifest
         knobs = seed_knobs(manifest, "cuda", self.shape.dtype, "reference")
-        cand = make_candidate(manifest, "cuda", self.shape, knobs)
+        cand = make_candidate(manifest, "cuda", self.shape, knobs, PROJECT_ROOT, "sim")
         build = self.backend.build(self.shape, cand)
         assert build.ok, build.reason
         self.best_artifact = build.artifact
@@ -125,6 +126,7 @@ class Driver:
             iteration=loop.current_iter + 1,
             knob_space=self.backend.manifest.dsl("cuda").knobs,
             best_knobs=loop.best_knobs,
+            best_source=loop.best_source,
             best_tflops=loop.best_tflops,
             peak_tflops=self.backend.peak_tflops(GPU_TYPE, self.shape.dtype),
             strategy=loop.strategy,
@@ -133,6 +135,7 @@ class Driver:
             tried=list(self.tally.hashes),
         )
         idea = self.proposer.propose(ctx)
+        assert isinstance(idea, Idea)
         self.tally.proposals += 1
         self.tally.hashes.append(idea.content_hash)
         self.tally.strategies.append((loop.consecutive_discards, idea.strategy))
@@ -140,7 +143,9 @@ class Driver:
 
     def on_implement(self, loop: Loop) -> Built:
         assert loop.pending is not None and loop.pending.idea is not None
-        cand = make_candidate(self.backend.manifest, "cuda", self.shape, loop.pending.idea.knobs)
+        cand = make_candidate(
+            self.backend.manifest, "cuda", self.shape, loop.pending.idea.knobs, PROJECT_ROOT, "sim"
+        )
         build = self.backend.build(self.shape, cand)
         self.tally.compile_failures += int(not build.ok)
         return Built(build=build)

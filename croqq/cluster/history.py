@@ -1,0 +1,95 @@
+"""A shape's history in Redis, for the agent's workspace: one entry per stored iteration or attempt.
+
+``croqq:history:<sid>`` is a hash (field ``i<NNN>`` for an iteration, ``a<NNN>`` for an attempt) written
+by a ledger hook inside the STORE transaction, so a re-run STORE overwrites its own entry instead of
+adding one. A cold start rebuilds it from the results repo (:func:`entries_from_repo`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from croqq.cluster import keys
+from croqq.cluster.state import ShapeState
+from croqq.domain.decide import BASELINE
+from croqq.domain.fsm import Stored
+from croqq.domain.records import HistoryEntry
+from croqq.store.schema import AttemptRecord, RoundRecord
+
+EXCERPT = 400
+
+
+def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -> None:
+    """Ledger hook (pipe in multi mode): remember what was just stored."""
+    pending = before.loop.pending
+    if pending is None:
+        return
+    idea, rej = pending.idea, pending.rejection
+    if event.iteration is not None:
+        cand = pending.measure.candidate if pending.measure else None
+        entry = HistoryEntry(
+            iteration=event.iteration,
+            after_iter=event.iteration,
+            summary=idea.summary if idea else "baseline (seed kernel)",
+            decision=pending.decision or BASELINE,
+            tflops=pending.tflops,
+            change=idea.change if idea else "",
+            proposer=idea.proposer if idea else "",
+            error=(cand.detail if cand and cand.outcome != "ok" else "")[:EXCERPT],
+        )
+    else:
+        kind = rej.kind if rej else "compile"
+        error = rej.reason if rej else (pending.build.reason if pending.build else "")
+        entry = HistoryEntry(
+            attempt=pending.attempt_no,
+            after_iter=before.loop.current_iter,
+            summary=(idea.summary if idea else (rej.summary if rej else "")) or "(no candidate)",
+            decision=f"ATTEMPT_{kind}",
+            change=idea.change if idea else "",
+            proposer=idea.proposer if idea else (rej.proposer if rej else ""),
+            error=error[:EXCERPT],
+        )
+    pipe.hset(keys.history(before.sid), entry.field, entry.model_dump_json())
+
+
+def load(client: redis.Redis, sid: str) -> list[HistoryEntry]:
+    raw = client.hgetall(keys.history(sid))
+    entries = [HistoryEntry.model_validate_json(v) for v in raw.values()]
+    return sorted(entries, key=lambda e: e.order)
+
+
+def entries_from_repo(rounds: list[RoundRecord], attempts: list[AttemptRecord]) -> list[HistoryEntry]:
+    """The same entries, rebuilt from the results repo's records (cold start)."""
+    out = [
+        HistoryEntry(
+            iteration=r.iteration,
+            after_iter=r.iteration,
+            summary=r.idea.summary if r.idea else "baseline (seed kernel)",
+            decision=r.decision,
+            tflops=r.tflops,
+            change=r.idea.change if r.idea else "",
+            proposer=r.idea.proposer if r.idea else "",
+            error=(r.measure.candidate.detail if r.measure.candidate.outcome != "ok" else "")[:EXCERPT],
+        )
+        for r in rounds
+    ]
+    out += [
+        HistoryEntry(
+            attempt=a.attempt_no,
+            after_iter=a.after_iter,
+            summary=(a.idea.summary if a.idea else "") or "(no candidate)",
+            decision=f"ATTEMPT_{a.kind}",
+            change=a.idea.change if a.idea else "",
+            proposer=a.idea.proposer if a.idea else a.proposer,
+            error=a.reason[:EXCERPT],
+        )
+        for a in attempts
+    ]
+    return out
+
+
+def save(client: redis.Redis, sid: str, entries: list[HistoryEntry]) -> None:
+    if entries:
+        client.hset(keys.history(sid), mapping={e.field: e.model_dump_json() for e in entries})

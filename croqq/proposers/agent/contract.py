@@ -1,0 +1,69 @@
+"""The file contract between croqq and a coding agent (documented with a worked example in
+``kernels/AGENTS.md``).
+
+croqq lays out a fresh workspace per IDEATE step (cwd of the agent)::
+
+    TASK.md          the task prompt (also passed on the command line where the CLI takes one)
+    best.cu          the current best source of this shape (logical form: #include "gemm_f16.cuh")
+    context.json     machine-readable context (:class:`WorkspaceContext`)
+    history.md       every iteration and attempt of this shape: idea, decision, TFLOPS, compile error
+    ideas.md         the ideas already tried, in words
+    BUILD.md         the exact build command
+    include/         read-only copies of the headers a candidate may include (by plain name)
+
+The agent answers with exactly two new files and writes nothing else:
+
+    candidate.cu     one self-contained candidate source (``CANDIDATE`` below)
+    SUMMARY.txt      its idea in words: the first non-empty line, at most 300 characters
+
+Scratch space that is not part of the answer: ``.agent-home/`` (the agent's HOME inside the jail).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from croqq.domain.records import Strategy, TuningPhase
+
+TASK = "TASK.md"
+BEST = "best.cu"
+CONTEXT = "context.json"
+HISTORY = "history.md"
+IDEAS = "ideas.md"
+BUILD = "BUILD.md"
+INCLUDE = "include"
+CANDIDATE = "candidate.cu"
+SUMMARY = "SUMMARY.txt"
+SCRATCH = ".agent-home"
+PROVIDED = (TASK, BEST, CONTEXT, HISTORY, IDEAS, BUILD)
+ANSWER = (CANDIDATE, SUMMARY)
+
+
+class WorkspaceContext(BaseModel):
+    """context.json."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    dsl: str
+    gpu_type: str
+    peak_tflops: float
+    iteration: int  # the iteration id this candidate would become
+    baseline_tflops: float
+    best_tflops: float
+    best_iter: int
+    vendor_tflops: float | None
+    strategy: Strategy  # refine / escalate / radical, from consecutive discards
+    consecutive_discards: int
+    phase: TuningPhase  # what kind of change is asked for (see TASK.md)
+    phase_reason: str
+    bottleneck: str
+    profile_metrics: dict[str, float]
+    knob_space: dict[str, list[int]]
+    best_knobs: dict[str, int]
+    headers: list[str]  # what a candidate may include with quotes
+    build_command: str

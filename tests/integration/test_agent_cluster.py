@@ -1,0 +1,118 @@
+"""Source-level tuning through the whole cluster with a real agent subprocess per IDEATE: the scripted
+reference agent rewrites sources, every stored kernel compiles from the repo alone, and an agent that
+keeps failing is backed off and reported unhealthy while its shapes wait (never parked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from croqq.cluster import agents, keys
+from croqq.cluster.local import LocalCluster
+from croqq.store.render import parse_tsv
+from croqq.store.validate import validate_repo
+
+pytestmark = pytest.mark.slow
+RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+AGENT = {"CROQQ_PROPOSER": "agent", "CROQQ_AGENT": "scripted"}
+
+
+def _rounds(repo: Path, key: str) -> list[dict[str, object]]:
+    text = (repo / RUN / "memory" / key / "rounds.raw.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_the_scripted_agent_tunes_sources_end_to_end(cluster_env: dict[str, str]) -> None:
+    with LocalCluster(cluster_env | AGENT) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=8, limit=3)
+        snap = cluster.wait_done(sub, timeout_s=240)
+        assert snap.total.done == 3 and snap.total.error == 0
+        health = agents.health(cluster.client)
+        assert [a.name for a in health] == ["scripted"] and health[0].calls >= 24
+    repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
+    changes: set[str] = set()
+    for key in json.loads((repo / RUN / "state.json").read_text())["shapes"]:
+        rows = parse_tsv((repo / RUN / "logs" / key / "results.tsv").read_text())
+        assert [r.iter for r in rows] == list(range(9))
+        assert all("--source" in r.run_command and r.kernel in r.run_command for r in rows)
+        for rnd in _rounds(repo, key)[1:]:
+            idea = rnd["idea"]
+            assert isinstance(idea, dict) and idea["proposer"] == "scripted" and idea["source"] == ""
+            assert idea["agent"]["wall_s"] > 0
+            changes.add(str(idea["change"]))
+        for row in rows:
+            text = (repo / row.kernel).read_text()
+            assert '#include "../../headers/' in text  # its headers are in the repo
+    assert changes == {"knobs", "structural"}  # two knob-only changes in a row ask for a structural one
+    assert validate_repo(repo, None) == []
+
+
+FLAKY = """\
+import pathlib, runpy, sys
+if pathlib.Path(sys.argv[1]).exists():
+    print("model endpoint unreachable", file=sys.stderr)
+    sys.exit(7)
+sys.argv = [%(scripted)r]
+runpy.run_path(%(scripted)r, run_name="__main__")
+"""
+
+
+def test_a_failing_agent_is_backed_off_reported_and_its_shapes_wait(
+    cluster_env: dict[str, str], tmp_path: Path
+) -> None:
+    from croqq.proposers.agent.presets import SCRIPTED
+
+    flag = tmp_path / "down"
+    flag.write_text("1")
+    script = tmp_path / "flaky_agent.py"
+    script.write_text(FLAKY % {"scripted": str(SCRIPTED)})
+    env = cluster_env | {
+        "CROQQ_PROPOSER": "agent",
+        "CROQQ_AGENT": "command",
+        "CROQQ_AGENT_COMMAND": f"{sys.executable} -I {script} {flag}",
+        "CROQQ_AGENT_BACKOFF_AFTER": "2",
+        "CROQQ_AGENT_BACKOFF_S": "2",
+        "CROQQ_AGENT_BACKOFF_MAX_S": "2",
+    }
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=3, limit=2)
+        client = cluster.client
+        deadline = time.monotonic() + 90
+        while int(client.hget(keys.STATS, "attempts:agent") or 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert int(client.hget(keys.STATS, "attempts:agent") or 0) >= 3
+        (health,) = agents.health(client)
+        assert not health.healthy and "exited 7" in health.last_error
+        status = subprocess.run(
+            [sys.executable, "-m", "croqq", "status"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert "command" in status and ("backed off" in status or "failing" in status)
+        summary = cluster.snapshot(sub)
+        assert summary.total.error == 0  # waiting, not parked
+        flag.unlink()  # the endpoint is back: the next call succeeds and the shapes go on
+        snap = cluster.wait_done(sub, timeout_s=180)
+        assert snap.total.done == 2 and snap.total.error == 0
+        assert agents.health(client)[0].healthy
+    repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
+    attempts = [
+        json.loads(line)
+        for key in json.loads((repo / RUN / "state.json").read_text())["shapes"]
+        if (repo / RUN / "logs" / key / "attempts.jsonl").exists()
+        for line in (repo / RUN / "logs" / key / "attempts.jsonl").read_text().splitlines()
+    ]
+    assert attempts and all(a["kind"] == "agent" and "exited 7" in a["reason"] for a in attempts)
+    assert all(a["reason"].startswith("agent command") for a in attempts)
+    assert validate_repo(repo, None) == []

@@ -1,0 +1,200 @@
+"""The agent proposer end to end with real subprocesses: the scripted reference agent answers, and every
+kind of bad answer becomes a Rejection with one line naming the agent and what was wrong, with nothing
+outside the workspace changed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from croqq.backends.toolchain import knob_candidate
+from croqq.domain.knobs import seed_knobs
+from croqq.domain.manifest import load_manifest
+from croqq.domain.records import HistoryEntry, Idea, Rejection
+from croqq.domain.shapes import Shape
+from croqq.proposers._base import ProposeContext
+from croqq.proposers.agent import jail
+from croqq.proposers.agent.proposer import AgentProposer
+from croqq.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = Shape(dtype="f16", m=4096, n=8192, k=4096)
+MANIFEST = load_manifest(ROOT / "kernels" / "manifest.json")
+PASS_ENV = "CROQQ_SCRIPTED_MISBEHAVE,CROQQ_SCRIPTED_TARGET"
+
+
+def settings(**kw: object) -> Settings:
+    base: dict[str, object] = {"proposer": "agent", "agent": "scripted", "agent_env": PASS_ENV}
+    return Settings(**(base | kw))  # type: ignore[arg-type]
+
+
+def context(phase: str = "knobs", tried: list[str] | None = None) -> ProposeContext:
+    knobs = seed_knobs(MANIFEST, "cuda", "f16", "reference")
+    best = knob_candidate(MANIFEST, Settings(), "cuda", SHAPE, knobs)
+    history = [
+        HistoryEntry(iteration=0, summary="baseline (seed kernel)", decision="BASELINE", tflops=400.0),
+        HistoryEntry(
+            iteration=1, summary="raise STAGES 4->5", decision="DISCARD", tflops=390.0, change="knobs"
+        ),
+    ]
+    return ProposeContext(
+        shape=SHAPE,
+        dsl="cuda",
+        gpu_type="sm90_Simulated_H100_SXM",
+        iteration=2,
+        knob_space=MANIFEST.dsl("cuda").knobs,
+        best_knobs=knobs,
+        best_source=best.source,
+        best_tflops=400.0,
+        baseline_tflops=400.0,
+        peak_tflops=989.4,
+        strategy="refine",
+        consecutive_discards=1,
+        phase=phase,  # type: ignore[arg-type]
+        phase_reason="test",
+        bottleneck="memory",
+        profile_metrics={"dram__throughput.avg.pct_of_peak_sustained_elapsed": 81.0},
+        tried=tried or [best.content_hash],
+        history=history,
+    )
+
+
+def propose(monkeypatch: pytest.MonkeyPatch, misbehave: str = "", **kw: object) -> Idea | Rejection:
+    if misbehave:
+        monkeypatch.setenv("CROQQ_SCRIPTED_MISBEHAVE", misbehave)
+    else:
+        monkeypatch.delenv("CROQQ_SCRIPTED_MISBEHAVE", raising=False)
+    return AgentProposer(MANIFEST, settings(**kw)).propose(context())
+
+
+def test_a_good_answer_is_an_idea_with_its_source_and_usage(monkeypatch: pytest.MonkeyPatch) -> None:
+    idea = propose(monkeypatch)
+    assert isinstance(idea, Idea), idea
+    assert idea.proposer == "scripted" and idea.change == "knobs" and idea.phase == "knobs"
+    assert '#include "gemm_f16.cuh"' in idea.source and idea.summary
+    assert idea.agent is not None and idea.agent.exit_code == 0 and idea.agent.wall_s > 0
+    again = AgentProposer(MANIFEST, settings()).propose(context())
+    assert isinstance(again, Idea) and again.content_hash == idea.content_hash  # the same workspace
+
+
+def test_a_structural_answer_is_marked_structural(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CROQQ_SCRIPTED_MISBEHAVE", raising=False)
+    idea = AgentProposer(MANIFEST, settings()).propose(context("structural"))
+    if isinstance(idea, Rejection):  # the scripted agent's rare deliberately broken edits still pass checks
+        pytest.fail(idea.reason)
+    assert idea.change == "structural" and '#include "harness.cuh"' in idea.source
+
+
+BAD = [
+    ("nothing", "agent", "wrote no candidate"),
+    ("two", "check", "exactly one candidate"),
+    ("huge", "check", "bytes"),
+    ("include-passwd", "check", "/etc/passwd"),
+    ("include-escape", "check", ".."),
+    ("garbage", "agent", "wrote no candidate"),
+    ("fail", "agent", "exited 3"),
+    ("unchanged", "repeat", "unchanged"),
+    ("timing", "check", "cudaEvent"),
+]
+
+
+@pytest.mark.parametrize(("misbehave", "kind", "words"), BAD, ids=[b[0] for b in BAD])
+def test_bad_answers_are_rejected_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, misbehave: str, kind: str, words: str
+) -> None:
+    answer = propose(monkeypatch, misbehave)
+    assert isinstance(answer, Rejection), answer
+    assert answer.kind == kind and answer.proposer == "scripted"
+    assert "\n" not in answer.reason and answer.reason.startswith("agent scripted")
+    assert words in answer.reason, answer.reason
+    assert answer.agent is not None  # the call's usage is kept even when it failed
+
+
+def test_a_modified_provided_file_is_refused_and_jailed_it_cannot_even_be_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answer = propose(monkeypatch, "modify", agent_jail="none")
+    assert isinstance(answer, Rejection) and answer.kind == "check" and "modified best.cu" in answer.reason
+    if jail.bwrap_works():
+        jailed = propose(monkeypatch, "modify", agent_jail="bwrap")
+        assert isinstance(jailed, Rejection) and jailed.kind == "agent"  # its write failed: read-only
+
+
+def test_an_agent_that_loops_forever_is_killed_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = time.monotonic()
+    answer = propose(monkeypatch, "loop", agent_timeout_s=2.0)
+    assert isinstance(answer, Rejection) and answer.kind == "agent"
+    assert "timed out" in answer.reason and time.monotonic() - started < 15
+
+
+@pytest.mark.skipif(
+    not jail.bwrap_works(), reason="bubblewrap cannot build a namespace here (.ci/run installs it)"
+)
+def test_a_write_through_a_symlink_out_of_the_workspace_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    target = tmp_path / "outside.txt"
+    target.write_text("untouched\n")
+    monkeypatch.setenv("CROQQ_SCRIPTED_TARGET", str(target))
+    answer = propose(monkeypatch, "symlink")
+    assert isinstance(answer, Rejection) and "agent scripted" in answer.reason
+    assert target.read_text() == "untouched\n"
+
+
+def test_without_the_jail_an_escaping_symlink_is_still_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    target = tmp_path / "outside.txt"
+    target.write_text("x\n")
+    monkeypatch.setenv("CROQQ_SCRIPTED_TARGET", str(target))
+    answer = propose(monkeypatch, "symlink", agent_jail="none")
+    assert isinstance(answer, Rejection) and "symlink out of the workspace" in answer.reason
+
+
+def test_the_agent_sees_a_scrubbed_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    probe = tmp_path / "env_agent.py"
+    probe.write_text(
+        "import os, pathlib\n"
+        "pathlib.Path('candidate.cu').write_text(pathlib.Path('best.cu').read_text() + '\\n// ' + "
+        "' '.join(sorted(k for k in os.environ if k.startswith(('CROQQ', 'REDIS', 'SECRET')))) + '\\n"
+        "#define TILE_M 64\\n')\n"
+        "pathlib.Path('SUMMARY.txt').write_text('lower TILE_M; env: ' + ' '.join(sorted(os.environ)))\n"
+    )
+    monkeypatch.setenv("CROQQ_BROKER_URL", "redis://:hunter2@example:6379/0")
+    monkeypatch.setenv("CROQQ_REDIS_PASSWORD", "hunter2")
+    monkeypatch.setenv("SECRET_TOKEN", "x")
+    monkeypatch.setenv("MY_API_KEY", "k")
+    answer = AgentProposer(
+        MANIFEST,
+        settings(agent="command", agent_command=f"{sys.executable} -I {probe}", agent_env="MY_API_KEY"),
+    ).propose(context())
+    assert isinstance(answer, Idea), answer
+    names = answer.summary.split("env: ", 1)[1].split()
+    assert "MY_API_KEY" in names and "HOME" in names
+    assert not [n for n in names if n.startswith(("CROQQ", "REDIS", "SECRET"))]
+
+
+def test_a_missing_executable_refuses_the_ideate_worker_at_start_up(tmp_path: Path) -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CROQQ_PROPOSER": "agent",
+        "CROQQ_AGENT": "claude",
+        "CROQQ_RUN_DIR": str(tmp_path),
+        "CROQQ_BROKER_URL": "redis://127.0.0.1:1/0",  # never reached: the check comes first
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "croqq", "ideate-worker"],
+        capture_output=True,
+        text=True,
+        env={**env, "HOME": os.environ.get("HOME", "/root")},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "claude" in lines[0] and "not found" in lines[0], result.stderr
