@@ -1,9 +1,9 @@
 """The real GPU backend: nvcc builds, the timing harness on the claimed GPU, ncu profiles.
 
 - **build** (build workers): the candidate's source goes to ``<build dir>/<key>-<hash>/cand.cu`` with its
-  headers beside it (nothing is included from croqq's checkout) and is compiled with its flags (its own timeout, ``compile_timeout_s``); a failure is a
-  BuildOutcome with the compiler's first error line and the log's tail, never an exception. A binary
-  already built for the same content hash is reused.
+  headers beside it (nothing is included from croqq's checkout) and is compiled with its flags (its own
+  timeout, ``compile_timeout_s``); a failure is a BuildOutcome with the compiler's first error line and
+  the log's tail, never an exception. A binary already built for the same content hash is reused.
 - **measure** (GPU workers): runs the binary with ``CUDA_VISIBLE_DEVICES=<uuid>`` under ``run_timeout_s``
   in its own process group (a hang kills the group), parses the harness's JSON line (see
   ``kernels/README.md``) and records clocks, temperature and clock-event reasons before and after. A binary

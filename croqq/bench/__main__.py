@@ -50,9 +50,7 @@ def main() -> None:
             log.info("GPU duty-cycle benchmark (4 simulated GPUs, pipelined vs sequential) ...")
             results |= cluster_bench.duty_cycle(work / "duty")
         if "source" in parts:
-            log.info(
-                "source-level run (scripted agent, 12 shapes x 10 iterations, nvcc from a fresh clone) ..."
-            )
+            log.info("source-level run (scripted agent, 8 shapes x 6 iterations, real nvcc compiles) ...")
             results |= agent_bench.source_run(work / "source")
         if "agent" in parts:
             log.info("agent overhead (2,000-line kernel, 100-iteration history) ...")

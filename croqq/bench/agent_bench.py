@@ -1,10 +1,12 @@
 """Source-level tuning benchmarks (the agent proposer).
 
 - ``source_run``: the real local cluster (8 simulated GPUs) with the scripted reference agent as a real
-  jailed subprocess per IDEATE, ``shapes`` f16 + e4m3 shapes x ``iterations``; what was stored, attempts
-  by reason, how many candidates were structural edits, and the fraction of stored best kernels (the
-  registry files) that compile, with nvcc for sm_90a, from a fresh ``git clone`` of the results repo
-  alone (no include path, nothing of croqq's checkout).
+  jailed subprocess per IDEATE, ``shapes`` f16 + e4m3 shapes x ``iterations``, every candidate really
+  compiled by nvcc at IMPLEMENT (``CROQQ_SIM_COMPILE=nvcc``, so the scripted agent's broken edits fail
+  for real and only what compiled can be kept); what was stored, attempts by reason, how many candidates
+  were structural edits, and the fraction of stored best kernels (the registry files) that compile, with
+  nvcc for sm_90a, from a fresh ``git clone`` of the results repo alone (no include path, nothing of
+  croqq's checkout). Without nvcc the run uses the model's compile rules and the fraction is not measured.
 - ``overhead``: croqq's own time per IDEATE step around the agent (workspace build, reading the answer
   back, the checks, the header closure and the content hash, removing the workspace) for a 2,000-line
   kernel with a 100-iteration history, p50/p99; the same for the 20-line knob candidate (the baseline:
@@ -41,8 +43,10 @@ KERNEL_LINES = 2000
 HISTORY = 100
 
 
-def source_run(work: Path, shapes: int = 12, iterations: int = 10) -> dict[str, object]:
+def source_run(work: Path, shapes: int = 8, iterations: int = 6) -> dict[str, object]:
+    real = shutil.which("nvcc") is not None  # every candidate really compiled at IMPLEMENT (sim_compile=nvcc)
     env = {
+        "CROQQ_SIM_COMPILE": "nvcc" if real else "model",
         "CROQQ_RUN_DIR": str(work / "run"),
         "CROQQ_RESULTS_REPO": str(work / "results"),
         "CROQQ_SIM_GPUS": "8",
@@ -75,6 +79,7 @@ def source_run(work: Path, shapes: int = 12, iterations: int = 10) -> dict[str, 
         "source_run_shapes": sum(s.total.done for s in snaps),
         "source_run_iterations_stored": stored,
         "source_run_seconds": round(seconds, 1),
+        "source_run_sim_compile": "nvcc" if real else "model",
         "source_run_attempts": {
             reason: counters.get(f"attempts:{reason}", 0)
             for reason in ("compile", "check", "agent", "repeat")

@@ -123,7 +123,8 @@ def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
 def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejected:
     loop = state.loop
     proposer = rt.proposer
-    agents.wait_until_allowed(rt.client, proposer.name, state.key)  # DeferredError: the shape waits
+    if proposer.is_agent:
+        agents.wait_until_allowed(rt.client, proposer.name, state.key)  # DeferredError: the shape waits
     history = hist.load(rt.client, state.sid)
     phase, reason = next_phase(loop.strategy, history, loop.profile_fresh)
     profile = loop.last_profile
@@ -150,8 +151,9 @@ def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejec
         history=history,
     )
     answer = proposer.propose(ctx)
-    agents.record_call(rt.client, proposer.name, answer)
-    if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and proposer.name == "search":
+    if proposer.is_agent:
+        agents.record_call(rt.client, proposer.name, answer, rt.settings)
+    if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
         time.sleep(rt.settings.sim_ideate_s * rt.settings.time_scale)  # the simulated agent's think time
     if isinstance(answer, Idea):
         return Proposed(idea=answer)
@@ -193,7 +195,9 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
 
 
 def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored | Resynced:
-    req = store_request(rt.manifest, rt.settings, state, msg.epoch, msg.step_id)
+    req = store_request(
+        rt.manifest, rt.settings, state, msg.epoch, msg.step_id, lambda: _best_source(rt, state)
+    )
     receipt = rt.writer.apply(req)
     if receipt.duplicate and req.round is not None:
         resync = _resync_if_diverged(rt, state, req.round.iteration, msg.step_id)

@@ -7,6 +7,7 @@ is the way back on a cold start (Redis lost): the loop resumes after the last st
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from croqq.cluster.state import ShapeState
 from croqq.domain import source as src
@@ -74,9 +75,15 @@ def _after(state: ShapeState) -> Loop:
 
 
 def store_request(
-    manifest: Manifest, settings: Settings, state: ShapeState, epoch: int, step_id: str
+    manifest: Manifest,
+    settings: Settings,
+    state: ShapeState,
+    epoch: int,
+    step_id: str,
+    best_source_of: Callable[[], str] | None = None,
 ) -> StoreRequest:
-    """What the writer commits for the shape's pending iteration or compile-failed attempt."""
+    """What the writer commits for the shape's pending iteration or attempt. ``best_source_of`` gives
+    the best source when the loop has none (a loop rebuilt from a checkpoint) and the shape completes."""
     loop, pending = state.loop, state.loop.pending
     if loop.phase != Phase.STORE or pending is None:
         raise IllegalTransitionError(f"{state.sid}: nothing to store in phase {loop.phase}")
@@ -111,6 +118,7 @@ def store_request(
             kind=kind,
             proposer=rej.proposer if rej else (idea.proposer if idea else ""),
             idea=idea,
+            agent=rej.agent if rej else (idea.agent if idea else None),
             reason=reason,
             log=log,
             epoch=epoch,
@@ -129,7 +137,9 @@ def store_request(
         candidate=Measurement(outcome="crash", detail="no measurement")
     )
     profile = loop.last_profile if loop.profile_fresh else None
-    best_source = after.best_source if status == "done" and after.best_iter >= 0 else ""
+    best_source = ""
+    if status == "done" and after.best_iter >= 0:
+        best_source = after.best_source or (best_source_of() if best_source_of else "")
     round_ = RoundRecord(
         key=state.key,
         iteration=iteration,

@@ -109,6 +109,34 @@ def sha256(text: str) -> str:
 # -- headers -----------------------------------------------------------------------------------------
 
 
+_RESOLVED: dict[tuple[tuple[Path, ...], str], Path] = {}
+
+
+def _resolve(dirs: tuple[Path, ...], name: str) -> Path | None:
+    """Where a header name resolves. Found ones are cached per process (include folders do not move;
+    an edited header's new content is still seen: :func:`read_header` checks its stamp)."""
+    hit = _RESOLVED.get((dirs, name))
+    if hit is not None:
+        return hit
+    found = _lookup(dirs, name)
+    if found is not None:
+        _RESOLVED[dirs, name] = found
+    return found
+
+
+def _lookup(dirs: tuple[Path, ...], name: str) -> Path | None:
+    if not name or name.startswith("/") or "\\" in name or ".." in name.split("/"):
+        return None
+    if not name.endswith(HEADER_SUFFIXES):
+        return None
+    for folder in dirs:
+        root = folder.resolve()
+        path = (folder / name).resolve()
+        if path.is_file() and path.is_relative_to(root):
+            return path
+    return None
+
+
 @dataclass(frozen=True)
 class HeaderResolver:
     """Finds a quoted include in the manifest's include folders (and nowhere else)."""
@@ -116,15 +144,7 @@ class HeaderResolver:
     dirs: tuple[Path, ...]
 
     def resolve(self, name: str) -> Path | None:
-        if not name or name.startswith("/") or "\\" in name or ".." in name.split("/"):
-            return None
-        if not name.endswith(HEADER_SUFFIXES):
-            return None
-        for folder in self.dirs:
-            path = (folder / name).resolve()
-            if path.is_file() and path.is_relative_to(folder.resolve()):
-                return path
-        return None
+        return _resolve(self.dirs, name)
 
     def names(self) -> list[str]:
         """Every header name the include folders offer (what an agent may include)."""
@@ -136,6 +156,17 @@ class HeaderResolver:
                 if p.is_file() and p.name.endswith(HEADER_SUFFIXES)
             }
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _quoted(text: str) -> tuple[Include, ...]:
+    """The quoted includes of a header's text (cached: headers are the same few texts over and over)."""
+    return tuple(inc for inc in includes(text) if not inc.angle)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(text: str) -> str:
+    return sha256(text)
 
 
 def header_closure(text: str, read: Callable[[str], str | None]) -> dict[str, str]:
@@ -154,7 +185,7 @@ def header_closure(text: str, read: Callable[[str], str | None]) -> dict[str, st
                 f'{where} line {inc.line}: #include "{inc.path}" is not a header of the include folders'
             )
         found[inc.path] = body
-        todo += [(sub, inc.path) for sub in includes(body) if not sub.angle]
+        todo += [(sub, inc.path) for sub in _quoted(body)]
     return dict(sorted(found.items()))
 
 
@@ -184,7 +215,7 @@ def content_hash(source: str, headers: Mapping[str, str], flags: Iterable[str], 
     """The candidate's identity (see the module docstring)."""
     payload = {
         "source": normalize(source),
-        "headers": {name: sha256(body) for name, body in sorted(headers.items())},
+        "headers": {name: _digest(body) for name, body in sorted(headers.items())},
         "flags": list(flags),
         "toolchain": toolchain,
     }
@@ -237,14 +268,24 @@ def _store_header(
     return path
 
 
+@functools.lru_cache(maxsize=64)
+def _stored_headers(root: str, headers: tuple[tuple[str, str], ...]) -> tuple[dict[str, str], dict[str, str]]:
+    """({name: stored path}, {stored path: text}) of a header closure (cached: a run stores the same
+    closure with every iteration)."""
+    closure = dict(headers)
+    done: dict[str, str] = {}
+    files: dict[str, str] = {}
+    for name in sorted(closure):
+        _store_header(name, closure, root, done, files, set())
+    return done, files
+
+
 def stored_files(root: str, src_path: str, source: str, headers: Mapping[str, str]) -> dict[str, str]:
     """repo path -> text of everything that makes the candidate compile from the repo alone: the source
     at ``src_path`` with its quoted includes rewritten, and each header of the closure under
     ``<root>/headers/<hash16>/<name>`` (the same content always lands on the same path)."""
-    done: dict[str, str] = {}
-    files: dict[str, str] = {}
-    for name in sorted(headers):
-        _store_header(name, headers, root, done, files, set())
+    done, stored = _stored_headers(root, tuple(sorted(headers.items())))
+    files = dict(stored)
     here = posixpath.dirname(src_path)
     files[src_path] = _rewrite(source, lambda p: posixpath.relpath(done[p], here) if p in done else None)
     return files

@@ -59,6 +59,7 @@ class Proposer(ABC):
     :class:`~croqq.proposers.agent.proposer.AgentProposer` (a coding agent that writes sources)."""
 
     name: str = "base"
+    is_agent: bool = False  # agents have a health (back-off) and a budget; a search strategy has neither
 
     def __init__(self, manifest: Manifest, settings: Settings) -> None:
         self.manifest = manifest

@@ -10,7 +10,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from croqq.domain.records import Idea, MeasureResult, Profile
+from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile
 
 SCHEMA_VERSION: Final = 1
 RESULTS_COLUMNS = (
@@ -138,6 +138,7 @@ class AttemptRecord(_Schema):
     kind: AttemptKind = "compile"
     proposer: str = ""
     idea: Idea | None
+    agent: AgentUsage | None = None  # what the agent call cost, when an agent made the attempt
     reason: str
     log: str
     epoch: int = Field(ge=0)

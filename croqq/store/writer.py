@@ -8,14 +8,15 @@ ONE commit (see ``croqq.store.paths`` for the layout):
 
 - iteration: results.tsv row, rounds.raw.jsonl line, rounds.md section, ideas.jsonl line, the source
   under srcs/ with its headers under headers/ (compilable from the repo alone:
-  :func:`croqq.domain.source.stored_files`), perf/ timing file (and profile file when the round carries a profile), checkpoint,
-  state.json entry, and the best-kernel registry file when the STORE completes the shape;
+  :func:`croqq.domain.source.stored_files`), perf/ timing file (and profile file when the round carries
+  a profile), checkpoint, state.json entry, and the best-kernel registry file when the STORE completes
+  the shape;
 - attempt: attempts.jsonl line, ideas.jsonl line when it had a candidate (decision ``COMPILE_FAIL`` or
   ``REJECTED_<kind>``, no iteration), checkpoint, state.json entry.
 
 rounds.raw.jsonl lines carry the whole RoundRecord except the raw timing and profile text (``raw``
-fields and the idea's source emptied): those are stored once, in perf/ and srcs/, and would otherwise make every append to a shape's
-history several times larger.
+fields and the idea's source emptied): those are stored once, in perf/ and srcs/, and would otherwise
+make every append to a shape's history several times larger.
 
 state.json (all shapes of a run, rewritten by every commit) is kept parsed in memory, keyed by its blob
 id at the tip, so a commit does not re-parse 268 entries; a foreign change of the file is noticed by
@@ -157,6 +158,13 @@ class _Draft:
     def put(self, path: str, text: str) -> None:
         self.changes[path] = text.encode()
 
+    def put_source(self, root: str, path: str, text: str, headers: dict[str, str]) -> None:
+        """A source and its headers (:func:`croqq.domain.source.stored_files`); a header path names its
+        content, so one already in the draft or at the tip is not written again."""
+        for file, body in source.stored_files(root, path, text, headers).items():
+            if file == path or (file not in self.changes and self.repo.blob_id(file) is None):
+                self.put(file, body)
+
     def append(self, path: str, text: str, header: str = "") -> None:
         old = self.read(path)
         self.changes[path] = (old if old is not None else header.encode()) + text.encode()
@@ -248,15 +256,13 @@ def _stage_iteration(draft: _Draft, req: StoreRequest, rnd: RoundRecord) -> None
     draft.append(run.rounds_raw(key), _lean(rnd).model_dump_json() + "\n")
     draft.append(run.rounds_md(key), render.round_markdown(rnd), render.rounds_md_header(key))
     draft.append(run.ideas(key), _idea_entry(req, rnd).model_dump_json() + "\n")
-    for path, text in source.stored_files(run.root, src_path(req, rnd), req.source, req.headers).items():
-        draft.put(path, text)
+    draft.put_source(run.root, src_path(req, rnd), req.source, req.headers)
     draft.put(run.timing(key, rnd.iteration), render.timing_text(rnd))
     if rnd.profile is not None:
         draft.put(run.profile(key, rnd.iteration), render.profile_text(rnd))
     if req.complete:
         best = paths.best_kernel(req.family, req.checkpoint.dtype, key, req.ext)
-        for path, text in source.stored_files(run.root, best, req.best_source, req.best_headers).items():
-            draft.put(path, text)
+        draft.put_source(run.root, best, req.best_source, req.best_headers)
 
 
 def _stage_attempt(draft: _Draft, req: StoreRequest, att: AttemptRecord) -> None:

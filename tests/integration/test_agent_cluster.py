@@ -114,5 +114,5 @@ def test_a_failing_agent_is_backed_off_reported_and_its_shapes_wait(
         for line in (repo / RUN / "logs" / key / "attempts.jsonl").read_text().splitlines()
     ]
     assert attempts and all(a["kind"] == "agent" and "exited 7" in a["reason"] for a in attempts)
-    assert all(a["reason"].startswith("agent command") for a in attempts)
+    assert all(a["reason"].startswith("agent command") and a["agent"]["exit_code"] == 7 for a in attempts)
     assert validate_repo(repo, None) == []

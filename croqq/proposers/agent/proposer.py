@@ -33,6 +33,8 @@ Kind = Literal["agent", "check", "repeat"]
 
 
 class AgentProposer(Proposer):
+    is_agent = True
+
     def __init__(self, manifest: Manifest, settings: Settings) -> None:
         super().__init__(manifest, settings)
         self.preset = preset_for(settings)
