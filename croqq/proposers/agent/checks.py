@@ -67,7 +67,8 @@ BAD = "bad"  # a rule's pattern with this group reports only the matches where t
 
 
 class CheckFailed(CroqqError):
-    """A candidate file refused before it is decoded (``size``, ``encoding``); the message is one line."""
+    """An answer refused before its source is checked (``size``, ``encoding``, or the workspace's own
+    rules); the message is one line."""
 
     def __init__(self, message: str, rule: str = "") -> None:
         super().__init__(message)

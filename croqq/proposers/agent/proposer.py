@@ -79,7 +79,7 @@ class AgentProposer(Proposer):
             data, summary = workspace.answer(ws, self.settings.agent_max_source_bytes, self.name)
             text = check_bytes(data, self.settings.agent_max_source_bytes, contract.CANDIDATE)
         except CheckFailed as exc:
-            kind: Kind = "agent" if "wrote no candidate" in str(exc) else "check"
+            kind: Kind = "agent" if exc.rule == workspace.NO_CANDIDATE else "check"
             return self._reject(str(exc), kind, usage)
         return self._idea(ctx, text, summary or report.summary, usage, resolver)
 

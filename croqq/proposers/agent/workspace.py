@@ -26,6 +26,7 @@ from croqq.proposers._base import ProposeContext
 from croqq.proposers.agent import contract as c
 from croqq.proposers.agent.checks import CheckFailed, check_size
 
+NO_CANDIDATE = "no-candidate"  # the CheckFailed rule of an agent that answered nothing (its own failure)
 Entry = tuple[str, int, str]  # kind (file, dir, link), size, content hash or link target
 
 
@@ -97,7 +98,9 @@ def answer(ws: Workspace, max_bytes: int, agent: str) -> tuple[bytes, str]:
         raise CheckFailed(f"agent {agent} created something that is not a file: {', '.join(new)[:200]}")
     files = [rel for rel in new if after[rel][0] != "dir"]
     if not files:
-        raise CheckFailed(f"agent {agent} wrote no candidate (expected {c.CANDIDATE} in the workspace)")
+        raise CheckFailed(
+            f"agent {agent} wrote no candidate (expected {c.CANDIDATE} in the workspace)", NO_CANDIDATE
+        )
     if files != [c.CANDIDATE]:
         raise CheckFailed(
             f"agent {agent} wrote {len(files)} file(s) ({', '.join(files)[:160]}): "
