@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import statistics
@@ -30,7 +31,7 @@ from croqq.cluster import stats
 from croqq.cluster.local import LocalCluster
 from croqq.domain.knobs import compile_flags, include_resolver, seed_knobs
 from croqq.domain.manifest import load_manifest
-from croqq.domain.records import HistoryEntry
+from croqq.domain.records import HistoryEntry, Idea
 from croqq.domain.shapes import Shape
 from croqq.proposers._base import ProposeContext
 from croqq.proposers.agent import contract, workspace
@@ -114,8 +115,6 @@ def _compile_all(clone: Path, kernels: list[Path]) -> dict[str, bool]:
 
 
 def _structural_share(clone: Path) -> float:
-    import json
-
     changes = [
         json.loads(line).get("idea", {}) or {}
         for path in clone.glob("tuning/*/*/memory/*/rounds.raw.jsonl")
@@ -195,7 +194,7 @@ def _step_ms(proposer: AgentProposer, ctx: ProposeContext) -> float:
     answer = proposer.judge(ctx, ws, AgentRun(exit_code=0, stdout="", stderr="", wall_s=0.0), resolver)
     ws.remove()
     t3 = time.perf_counter()
-    assert not hasattr(answer, "reason"), getattr(answer, "reason", "")
+    assert isinstance(answer, Idea), answer
     return 1000.0 * ((t1 - t0) + (t3 - t2))
 
 

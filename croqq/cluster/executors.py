@@ -39,34 +39,51 @@ log = logging.getLogger(__name__)
 Executor = Callable[[Runtime, ShapeState, StepMessage], object]
 
 
+_BUILT: dict[str, str] = {}  # content hash -> artifact, for kernels this process had to build itself
+_BUILT_MAX = 512
+_BEST_SOURCES: dict[tuple[str, int, float], str] = {}  # (sid, best iter, its TFLOPS) -> source (cold start)
+
+
 def _best_source(rt: Runtime, state: ShapeState) -> str:
     """The best kernel's logical source: the loop's, else (a loop rebuilt from a checkpoint) the stored
     file read back from the results repo, else the template rendered with the best knobs."""
     loop = state.loop
     if loop.best_source:
         return loop.best_source
+    cached = _BEST_SOURCES.get((state.sid, loop.best_iter, loop.best_tflops))
+    if cached is not None:
+        return cached
+    source = _stored_best_source(rt, state)
+    if source is None:
+        knobs = loop.best_knobs or loop.seed_knobs
+        source = knob_candidate(rt.manifest, rt.settings, state.dsl, state.shape, knobs).source
+    if len(_BEST_SOURCES) >= _BUILT_MAX:
+        _BEST_SOURCES.pop(next(iter(_BEST_SOURCES)))
+    _BEST_SOURCES[state.sid, loop.best_iter, loop.best_tflops] = (
+        source  # read once per process, not once per step
+    )
+    return source
+
+
+def _stored_best_source(rt: Runtime, state: ShapeState) -> str | None:
     reader = rt.results_reader()
     ckpt = rt.load_checkpoint(state.gpu_type, state.dsl, state.key) if reader is not None else None
-    if reader is not None and ckpt is not None and ckpt.best_kernel:
+    if reader is None or ckpt is None or not ckpt.best_kernel:
+        return None
 
-        def read(path: str) -> str | None:
-            data = reader.read(path)
-            return data.decode("utf-8") if data is not None else None
+    def read(path: str) -> str | None:
+        data = reader.read(path)
+        return data.decode("utf-8") if data is not None else None
 
-        try:
-            return load_stored(ckpt.best_kernel, read)[0]
-        except SourceError as exc:
-            log.warning("%s: cannot read the stored best kernel back (%s); using its knobs", state.key, exc)
-    knobs = loop.best_knobs or loop.seed_knobs
-    return knob_candidate(rt.manifest, rt.settings, state.dsl, state.shape, knobs).source
+    try:
+        return load_stored(ckpt.best_kernel, read)[0]
+    except SourceError as exc:
+        log.warning("%s: cannot read the stored best kernel back (%s); using its knobs", state.key, exc)
+        return None
 
 
 def _candidate(rt: Runtime, state: ShapeState, source: str) -> Candidate:
     return candidate_of(rt.manifest, rt.settings, state.dsl, state.dtype, source)
-
-
-_BUILT: dict[str, str] = {}  # content hash -> artifact, for kernels this process had to build itself
-_BUILT_MAX = 512
 
 
 def _artifact(rt: Runtime, state: ShapeState, cand: Candidate, what: str) -> str:

@@ -49,13 +49,16 @@ class Idea(_Record):
     agent: AgentUsage | None = None
 
 
+RejectionKind = Literal["agent", "check", "repeat"]  # the agent failed / its answer broke a rule / repeat
+
+
 class Rejection(_Record):
     """An IDEATE that produced no buildable candidate: the agent failed, or its answer failed a check.
     Stored as an attempt (no iteration id); the shape goes on."""
 
     proposer: str
     reason: str = Field(min_length=1, max_length=500)
-    kind: Literal["agent", "check", "repeat"] = "check"
+    kind: RejectionKind = "check"
     agent: AgentUsage | None = None
     summary: str = ""
     content_hash: str = ""

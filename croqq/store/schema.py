@@ -10,7 +10,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile
+from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile, RejectionKind
 
 SCHEMA_VERSION: Final = 1
 RESULTS_COLUMNS = (
@@ -123,7 +123,7 @@ class RoundRecord(_Schema):
     timestamp: str
 
 
-AttemptKind = Literal["compile", "check", "agent", "repeat"]
+AttemptKind = Literal["compile"] | RejectionKind
 
 
 class AttemptRecord(_Schema):

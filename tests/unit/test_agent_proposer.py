@@ -198,3 +198,19 @@ def test_a_missing_executable_refuses_the_ideate_worker_at_start_up(tmp_path: Pa
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "claude" in lines[0] and "not found" in lines[0], result.stderr
+
+
+def test_the_worker_says_once_at_start_up_when_agents_run_without_a_jail(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("INFO", logger="croqq.proposers.agent.jail"):
+        AgentProposer(MANIFEST, settings(agent_jail="none")).check_ready()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "WITHOUT a mount-namespace jail" in warnings[0].getMessage()
+    if jail.bwrap_works():
+        caplog.clear()
+        with caplog.at_level("INFO", logger="croqq.proposers.agent.jail"):
+            AgentProposer(MANIFEST, settings(agent_jail="auto")).check_ready()
+        assert [r.getMessage() for r in caplog.records] == [
+            "agents run jailed with bubblewrap: only their workspace is writable"
+        ]

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-from typing import Literal
 
 from croqq.backends.toolchain import toolchain_id
 from croqq.domain import source as src
 from croqq.domain.knobs import include_resolver, source_candidate
 from croqq.domain.manifest import Manifest
-from croqq.domain.records import AgentUsage, Change, Idea, Rejection
+from croqq.domain.records import AgentUsage, Change, Idea, Rejection, RejectionKind
 from croqq.errors import ConfigError
 from croqq.proposers._base import ProposeContext, Proposer, slug
 from croqq.proposers.agent import contract, jail, workspace
@@ -29,7 +28,6 @@ from croqq.proposers.agent.presets import AgentReport, AgentRun, preset_for
 from croqq.settings import Settings
 
 log = logging.getLogger(__name__)
-Kind = Literal["agent", "check", "repeat"]
 
 
 class AgentProposer(Proposer):
@@ -79,12 +77,17 @@ class AgentProposer(Proposer):
             data, summary = workspace.answer(ws, self.settings.agent_max_source_bytes, self.name)
             text = check_bytes(data, self.settings.agent_max_source_bytes, contract.CANDIDATE)
         except CheckFailed as exc:
-            kind: Kind = "agent" if exc.rule == workspace.NO_CANDIDATE else "check"
+            kind: RejectionKind = "agent" if exc.rule == workspace.NO_CANDIDATE else "check"
             return self._reject(str(exc), kind, usage)
         return self._idea(ctx, text, summary or report.summary, usage, resolver)
 
     def _reject(
-        self, reason: str, kind: Kind, usage: AgentUsage | None, summary: str = "", content_hash: str = ""
+        self,
+        reason: str,
+        kind: RejectionKind,
+        usage: AgentUsage | None,
+        summary: str = "",
+        content_hash: str = "",
     ) -> Rejection:
         line = " ".join(reason.split())
         if line.startswith(f"{self.name} "):  # the preset's own words: "claude exited 1 ..."

@@ -86,13 +86,12 @@ def answer(ws: Workspace, max_bytes: int, agent: str) -> tuple[bytes, str]:
     for rel, entry in sorted(after.items()):
         if entry[0] == "link" and _escapes(ws.root, rel, entry[2]):
             raise CheckFailed(f"agent {agent} left {rel} as a symlink out of the workspace ({entry[2]})")
-    for rel in sorted(set(ws.before) - set(after)):
-        raise CheckFailed(f"agent {agent} removed {rel}; only {c.CANDIDATE} and {c.SUMMARY} may be written")
-    for rel in sorted(set(ws.before) & set(after)):
-        if ws.before[rel] != after[rel]:
-            raise CheckFailed(
-                f"agent {agent} modified {rel}; only {c.CANDIDATE} and {c.SUMMARY} may be written"
-            )
+    removed = sorted(set(ws.before) - set(after))
+    changed = sorted(rel for rel in set(ws.before) & set(after) if ws.before[rel] != after[rel])
+    for verb, rels in (("removed", removed), ("modified", changed)):
+        if rels:
+            only = f"only {c.CANDIDATE} and {c.SUMMARY} may be written"
+            raise CheckFailed(f"agent {agent} {verb} {', '.join(rels)[:160]}; {only}")
     new = sorted(set(after) - set(ws.before) - {c.SUMMARY})
     if any(after[rel][0] == "other" for rel in new):
         raise CheckFailed(f"agent {agent} created something that is not a file: {', '.join(new)[:200]}")
