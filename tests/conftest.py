@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from croqq.cluster.redis_server import RedisServer
+from croqq.processes.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -27,17 +27,17 @@ from pathlib import Path
 
 from croqq.backends.toolchain import knob_candidate
 from croqq.bench.cluster_bench import _percentile
-from croqq.cluster import stats
-from croqq.cluster.local import LocalCluster
 from croqq.domain.knobs import compile_flags, include_resolver, seed_knobs
 from croqq.domain.manifest import load_manifest
 from croqq.domain.records import HistoryEntry, Idea
 from croqq.domain.shapes import Shape
+from croqq.processes.local import LocalCluster
 from croqq.proposers._base import ProposeContext
 from croqq.proposers.agent import contract, workspace
 from croqq.proposers.agent.presets import AgentRun
 from croqq.proposers.agent.proposer import AgentProposer
 from croqq.settings import Settings
+from croqq.work import stats
 
 log = logging.getLogger(__name__)
 KERNEL_LINES = 2000

@@ -18,8 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
-from croqq.cluster import keys, stats
-from croqq.cluster.local import LocalCluster
+from croqq.delivery import keys
+from croqq.processes.local import LocalCluster
+from croqq.work import stats
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,9 @@ def duty_cycle(work: Path, gpus: int = 4) -> dict[str, float]:
 def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, object]:
     """Kill each worker kind once mid-step (default lease TTL) and time until its step is finished
     elsewhere; Celery alone would redeliver only after the visibility timeout."""
-    from croqq.cluster.app import visibility_timeout_s
-    from croqq.cluster.faults import KILLS
-    from croqq.cluster.stress import StressConfig, run
+    from croqq.chaos.faults import KILLS
+    from croqq.chaos.stress import StressConfig, run
+    from croqq.processes.app import visibility_timeout_s
     from croqq.settings import Settings
 
     kinds = [kind for kind, (barrier, _) in KILLS.items() if barrier is not None]

@@ -91,7 +91,7 @@ def _spread(backend: CudaBackend, gpu: GpuContext, artifact: str) -> dict[str, f
 
 
 def _tuning_loop(work: Path, build_dir: Path) -> list[str]:
-    from croqq.cluster.local import LocalCluster
+    from croqq.processes.local import LocalCluster
 
     env = {
         "CROQQ_RUN_DIR": str(work / "run"),

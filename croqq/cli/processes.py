@@ -10,7 +10,7 @@ import typer
 
 from croqq.cli import app
 from croqq.cli.common import load_settings
-from croqq.cluster import queues
+from croqq.delivery import queues
 from croqq.logs import configure
 
 LogLevel = typer.Option("INFO", "--log-level", help="DEBUG | INFO | WARNING | ERROR.")
@@ -18,7 +18,7 @@ LogLevel = typer.Option("INFO", "--log-level", help="DEBUG | INFO | WARNING | ER
 
 def _prepare(level: str) -> None:
     configure(level)
-    from croqq.cluster.redis_client import require_redis
+    from croqq.delivery.redis_client import require_redis
 
     require_redis(load_settings())
 
@@ -26,7 +26,7 @@ def _prepare(level: str) -> None:
 @app.command()
 def coordinator(log_level: str = LogLevel) -> None:
     """Run a coordinator (queue `control`): submissions, GPU filling, reconciliation. Run one or more."""
-    from croqq.cluster.boot import run_celery_worker
+    from croqq.processes.boot import run_celery_worker
 
     _prepare(log_level)
     run_celery_worker(
@@ -35,7 +35,7 @@ def coordinator(log_level: str = LogLevel) -> None:
 
 
 def _shared_worker(role: str, queue: str, pool: str, concurrency: int, log_level: str) -> None:
-    from croqq.cluster.boot import run_celery_worker
+    from croqq.processes.boot import run_celery_worker
 
     _prepare(log_level)
     run_celery_worker(load_settings(), role, queue, f"{role}-{os.getpid()}", pool, concurrency, log_level)
@@ -76,7 +76,7 @@ def ideate_worker(
 @app.command()
 def writer(log_level: str = LogLevel) -> None:
     """Run THE writer (queue `store`), the only process that commits to the results repo; a second refuses."""
-    from croqq.cluster.boot import run_celery_worker
+    from croqq.processes.boot import run_celery_worker
 
     _prepare(log_level)
     settings = load_settings()
@@ -95,7 +95,7 @@ def writer(log_level: str = LogLevel) -> None:
 
 def _close_writer() -> None:
     """Flush the results repo's index and release git's processes (tasks ran in this thread: solo pool)."""
-    from croqq.cluster.runtime import get_runtime
+    from croqq.processes.runtime import get_runtime
 
     rt = get_runtime()
     if "writer" in vars(rt):
@@ -105,7 +105,7 @@ def _close_writer() -> None:
 @app.command()
 def beat(log_level: str = LogLevel) -> None:
     """Run THE beat: ticks reconciliation (expired leases, lost messages, dead GPUs) and summary refresh."""
-    from croqq.cluster.boot import run_beat
+    from croqq.processes.boot import run_beat
 
     _prepare(log_level)
     run_beat(load_settings(), log_level)
@@ -119,7 +119,7 @@ def gpu_worker(
     log_level: str = LogLevel,
 ) -> None:
     """One GPU's worker process (started by `croqq worker`, with CUDA_VISIBLE_DEVICES set to the UUID)."""
-    from croqq.cluster.boot import run_gpu_worker
+    from croqq.processes.boot import run_gpu_worker
 
     _prepare(log_level)
     run_gpu_worker(load_settings(), uuid, index, gpu_type, log_level)
@@ -132,8 +132,8 @@ def worker(
 ) -> None:
     """Run one GPU worker process per GPU (prefork, concurrency 1, CUDA_VISIBLE_DEVICES=<uuid>), restarting
     any that dies. With no NVIDIA GPU (NVML finds none) it runs CROQQ_SIM_GPUS simulated GPUs."""
-    from croqq.cluster.local import gpu_children
-    from croqq.cluster.supervise import Supervisor
+    from croqq.processes.local import gpu_children
+    from croqq.processes.supervise import Supervisor
 
     _prepare(log_level)
     settings = load_settings()
@@ -173,6 +173,6 @@ def flower(
         import flower  # noqa: F401
     except ImportError as exc:
         raise ConfigError("Flower is not installed; pip install 'croqq[flower]'") from exc
-    from croqq.cluster.app import app as celery_app
+    from croqq.processes.app import app as celery_app
 
     celery_app.start(["flower", f"--port={port}", f"--address={address}"])

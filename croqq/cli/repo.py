@@ -77,8 +77,8 @@ def clean(
 
 def _writer_lock(settings):  # type: ignore[no-untyped-def]
     """Hold the writer lease while cleaning (only one process writes the repo); None without Redis."""
-    from croqq.cluster.leases import Lease, owner_id
-    from croqq.cluster.redis_client import connect, require_redis
+    from croqq.delivery.leases import Lease, owner_id
+    from croqq.delivery.redis_client import connect, require_redis
 
     try:
         require_redis(settings, timeout_s=1.0)
@@ -91,15 +91,15 @@ def _writer_lock(settings):  # type: ignore[no-untyped-def]
 
 def _forget_live_state(settings, keys: list[str]) -> None:  # type: ignore[no-untyped-def]
     """Drop the cleaned shapes' live state so the next submit starts them afresh."""
-    from croqq.cluster import keys as rkeys
-    from croqq.cluster.redis_client import connect, require_redis
+    from croqq.delivery import keys as rkeys
+    from croqq.delivery.redis_client import connect, require_redis
 
     try:
         require_redis(settings, timeout_s=1.0)
     except ConfigError:
         return
-    from croqq.cluster.redis_client import strs
-    from croqq.cluster.state import ShapeState
+    from croqq.delivery.redis_client import strs
+    from croqq.delivery.state import ShapeState
 
     client = connect(settings)
     for sid in strs(client.smembers(rkeys.SHAPES)):

@@ -22,8 +22,8 @@ def status(
     every: float = typer.Option(1.0, "--every", min=0.1, help="Refresh period in seconds with --watch."),
 ) -> None:
     """Show where the cluster stands."""
-    from croqq.cluster.progress import RateMeter, snapshot, submission_sids
-    from croqq.cluster.redis_client import connect, require_redis
+    from croqq.delivery.redis_client import connect, require_redis
+    from croqq.work.progress import RateMeter, snapshot, submission_sids
 
     settings = load_settings()
     require_redis(settings)

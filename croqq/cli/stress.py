@@ -37,8 +37,8 @@ def stress(
     lost or duplicated. Exit 1 if any invariant failed."""
     import re
 
-    from croqq.cluster.faults import parse_kinds
-    from croqq.cluster.stress import StressConfig, run
+    from croqq.chaos.faults import parse_kinds
+    from croqq.chaos.stress import StressConfig, run
     from croqq.domain.manifest import load_manifest
     from croqq.errors import ConfigError
     from croqq.logs import configure

@@ -49,8 +49,8 @@ def pick_gpu_type(settings: Settings, manifest: Manifest, requested: str | None)
     if requested:
         manifest.gpu(requested)
         return requested
-    from croqq.cluster import registry
-    from croqq.cluster.redis_client import connect
+    from croqq.delivery.redis_client import connect
+    from croqq.placement import registry
 
     types = sorted({g.gpu_type for g in registry.all_gpus(connect(settings))})
     if len(types) > 1:
@@ -107,8 +107,8 @@ def submit(
         return
     report = register(settings, manifest, schedule, dsl, mode, limit, gpu)
     if agent_calls is not None or agent_usd is not None:
-        from croqq.cluster.agents import set_budget
-        from croqq.cluster.redis_client import connect
+        from croqq.delivery.redis_client import connect
+        from croqq.work.agents import set_budget
 
         set_budget(connect(settings), agent_calls, agent_usd)
     typer.echo(
@@ -128,9 +128,9 @@ def register(
     gpu: str | None,
 ) -> dict[str, object]:
     """Register a schedule with the cluster (in-process coordinator) and trigger GPU filling."""
-    from croqq.cluster.messages import SubmitMessage
-    from croqq.cluster.redis_client import require_redis
-    from croqq.cluster.runtime import Runtime
+    from croqq.delivery.messages import SubmitMessage
+    from croqq.delivery.redis_client import require_redis
+    from croqq.processes.runtime import Runtime
 
     require_redis(settings)
     gpu_type = pick_gpu_type(settings, manifest, gpu)

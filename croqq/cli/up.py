@@ -17,7 +17,7 @@ from rich.live import Live
 
 from croqq.cli import app
 from croqq.cli.common import load_settings
-from croqq.cluster.local import LocalCluster
+from croqq.processes.local import LocalCluster
 
 
 @app.command()
@@ -88,7 +88,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _watch(cluster: LocalCluster, submission: str | None, exit_when_done: bool, console: Console) -> bool:
     """Live progress until done (with exit_when_done) or Ctrl-C; returns True if interrupted."""
     from croqq.cli.view import render, summary_table
-    from croqq.cluster.progress import RateMeter
+    from croqq.work.progress import RateMeter
 
     meter = RateMeter()
     started = time.monotonic()

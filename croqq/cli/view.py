@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
-from croqq.cluster.progress import RateMeter, Snapshot
+from croqq.work.progress import RateMeter, Snapshot
 
 
 def _duration(seconds: float | None) -> str:

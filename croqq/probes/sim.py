@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from croqq.cluster import keys
+from croqq.delivery import keys
 from croqq.errors import ConfigError, InvalidRecordError
 from croqq.probes._base import GpuInfo, GpuProbe, Reading, Thresholds
 

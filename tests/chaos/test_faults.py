@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from croqq.cluster.faults import GPU_FAULTS, KILLS, KINDS
-from croqq.cluster.stress import StressConfig, run
+from croqq.chaos.faults import GPU_FAULTS, KILLS, KINDS
+from croqq.chaos.stress import StressConfig, run
 
 pytestmark = pytest.mark.chaos
 TTL = 3.0

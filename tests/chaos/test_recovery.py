@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from croqq.cluster import keys
-from croqq.cluster.invariants import repo_problems
-from croqq.cluster.local import LocalCluster
+from croqq.chaos.invariants import repo_problems
+from croqq.delivery import keys
+from croqq.processes.local import LocalCluster
 
 pytestmark = pytest.mark.chaos
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from croqq.cluster.faults import KINDS
+from croqq.chaos.faults import KINDS
 
 pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from croqq.cluster import agents, keys
-from croqq.cluster.local import LocalCluster
+from croqq.delivery import keys
+from croqq.processes.local import LocalCluster
 from croqq.store.render import parse_tsv
 from croqq.store.validate import validate_repo
+from croqq.work import agents
 
 pytestmark = pytest.mark.slow
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from croqq.cluster import keys
-from croqq.cluster.app import make_app
-from croqq.cluster.local import LocalCluster
-from croqq.cluster.queues import BUILD, TASK_BUILD
+from croqq.delivery import keys
+from croqq.delivery.queues import BUILD, TASK_BUILD
+from croqq.processes.app import make_app
+from croqq.processes.local import LocalCluster
 from croqq.store.render import parse_tsv
 from croqq.store.validate import validate_repo
 

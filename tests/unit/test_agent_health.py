@@ -10,11 +10,11 @@ import redis
 from rich.console import Console
 
 from croqq.cli.view import render
-from croqq.cluster import agents
-from croqq.cluster.progress import snapshot
 from croqq.domain.records import AgentUsage, Idea, Rejection
 from croqq.errors import DeferredError
 from croqq.settings import Settings
+from croqq.work import agents
+from croqq.work.progress import snapshot
 
 SETTINGS = Settings(agent_backoff_after=2, agent_backoff_s=0.5, agent_backoff_max_s=1.0)
 

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 from croqq.backends.toolchain import knob_candidate
-from croqq.cluster.persist import run_command
 from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import load_manifest
 from croqq.domain.shapes import parse_key
 from croqq.domain.source import stored_files
 from croqq.settings import Settings
+from croqq.work.persist import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from croqq.cluster.faults import KINDS, parse_kinds, plan
+from croqq.chaos.faults import KINDS, parse_kinds, plan
 from croqq.errors import ConfigError
 
 

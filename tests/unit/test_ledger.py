@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 import redis
 
-from croqq.cluster import keys, registry
-from croqq.cluster.coordinator import Coordinator
-from croqq.cluster.ledger import Ledger, StepRecord
-from croqq.cluster.messages import SubmitMessage
-from croqq.cluster.state import make_sid
+from croqq.delivery import keys
+from croqq.delivery.ledger import Ledger, StepRecord
+from croqq.delivery.messages import SubmitMessage
+from croqq.delivery.state import make_sid
 from croqq.domain.fsm import BaselineMeasured, Built, Phase, Proposed
 from croqq.domain.manifest import load_manifest
 from croqq.domain.records import BuildOutcome, Idea, Measurement
 from croqq.domain.schedule import build_schedule
 from croqq.errors import StaleStepError
+from croqq.placement import registry
 from croqq.settings import Settings
+from croqq.work.coordinator import Coordinator
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TYPE = "sm90_Simulated_H100_SXM"
@@ -211,7 +212,7 @@ def test_submit_refills_a_gpu_when_a_shape_completes(cluster: Cluster) -> None:
 
 
 def test_a_retried_transaction_returns_only_the_committed_attempts_result(redis_client: redis.Redis) -> None:
-    from croqq.cluster.ledger import Txn
+    from croqq.delivery.ledger import Txn
 
     redis_client.set("k", "0")
     attempts: list[str] = []

@@ -11,9 +11,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from croqq.cluster import redis_server as module
-from croqq.cluster.redis_server import RedisServer, find_redis_server
 from croqq.errors import ConfigError
+from croqq.processes import redis_server as module
+from croqq.processes.redis_server import RedisServer, find_redis_server
 
 
 def test_writes_survive_a_sigkill_and_restart(redis_server: RedisServer, redis_client: redis.Redis) -> None:

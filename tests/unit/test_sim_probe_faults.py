@@ -11,10 +11,10 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from croqq.cluster import keys
-from croqq.cluster.redis_server import RedisServer
+from croqq.delivery import keys
 from croqq.errors import ConfigError, InvalidRecordError
 from croqq.probes.sim import FaultSource, MemoryFaults, RedisFaults, SimProbe, clear_faults, inject_fault
+from croqq.processes.redis_server import RedisServer
 
 HOST = "test-host"
 GPU0 = f"GPU-sim-{HOST}-0"

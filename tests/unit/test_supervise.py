@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from croqq.cluster.supervise import EXIT_CONFIG, Child, Supervisor
+from croqq.processes.supervise import EXIT_CONFIG, Child, Supervisor
 
 
 def test_a_crashed_child_is_restarted_a_refused_one_is_not(tmp_path: Path) -> None:

@@ -8,13 +8,15 @@ from typing import Any
 
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
 
-from croqq.cluster import housekeeping, queues, registry
-from croqq.cluster.app import app
-from croqq.cluster.messages import FillMessage, SubmitMessage, parse
-from croqq.cluster.runtime import drain_completer, get_runtime
-from croqq.cluster.steps import run_step
+from croqq.delivery import queues
+from croqq.delivery.messages import FillMessage, SubmitMessage, parse
 from croqq.errors import InvalidRecordError, RetryableError
+from croqq.placement import registry
+from croqq.processes.app import app
+from croqq.processes.runtime import drain_completer, get_runtime
 from croqq.settings import get_settings
+from croqq.work import housekeeping
+from croqq.work.steps import run_step
 
 log = logging.getLogger(__name__)
 

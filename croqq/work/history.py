@@ -11,8 +11,8 @@ from typing import Any
 
 import redis
 
-from croqq.cluster import keys
-from croqq.cluster.state import ShapeState
+from croqq.delivery import keys
+from croqq.delivery.state import ShapeState
 from croqq.domain.decide import BASELINE
 from croqq.domain.fsm import Stored
 from croqq.domain.records import HistoryEntry

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from croqq.cluster import agents, keys, registry, stats
-from croqq.cluster.agents import AgentHealth, Budget
-from croqq.cluster.state import ShapeSummary
+from croqq.delivery import keys
+from croqq.delivery.state import ShapeSummary
+from croqq.placement import registry
+from croqq.work import agents, stats
+from croqq.work.agents import AgentHealth, Budget
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The Celery application: JSON only, late acks, requeue on worker loss, prefetch 1, no eta/countdown.
 
-``celery -A croqq.cluster.app worker ...`` works, but the ``croqq`` commands are the supported way to
+``celery -A croqq.processes.app worker ...`` works, but the ``croqq`` commands are the supported way to
 start processes: they take the singleton and GPU leases before the worker consumes anything.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
-from croqq.cluster import queues
-from croqq.cluster.redis_client import kombu_url
+from croqq.delivery import queues
+from croqq.delivery.redis_client import kombu_url
 from croqq.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def celery_config(settings: Settings) -> dict[str, object]:
 
 def make_app(settings: Settings | None = None) -> Celery:
     """The app; its configuration is read from the settings lazily (at first use) unless given."""
-    celery = Celery("croqq", include=["croqq.cluster.tasks"])
+    celery = Celery("croqq", include=["croqq.processes.tasks"])
     if settings is not None:
         celery.conf.update(celery_config(settings))
     else:
@@ -109,8 +109,8 @@ class QueueResetStep(bootsteps.StartStopStep):
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
     def start(self, c: Any) -> None:
-        from croqq.cluster import registry
-        from croqq.cluster.redis_client import connect
+        from croqq.delivery.redis_client import connect
+        from croqq.placement import registry
 
         queues = [q.name for q in c.task_consumer.queues]
         try:

@@ -15,8 +15,8 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from croqq.cluster import keys
-from croqq.cluster.redis_client import strs
+from croqq.delivery import keys
+from croqq.delivery.redis_client import strs
 
 log = logging.getLogger(__name__)
 

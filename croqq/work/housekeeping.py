@@ -13,13 +13,14 @@ import logging
 import time
 from typing import Any
 
-from croqq.cluster import keys, registry
-from croqq.cluster.ledger import StepRecord
-from croqq.cluster.queues import TASK_GPU_RECHECK
-from croqq.cluster.redis_client import strs, text
-from croqq.cluster.runtime import Runtime
-from croqq.cluster.state import ShapeState
+from croqq.delivery import keys
+from croqq.delivery.ledger import StepRecord
+from croqq.delivery.queues import TASK_GPU_RECHECK
+from croqq.delivery.redis_client import strs, text
+from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase
+from croqq.placement import registry
+from croqq.processes.runtime import Runtime
 
 log = logging.getLogger(__name__)
 OUTBOX_GRACE_S = 2.0
@@ -90,7 +91,7 @@ def release_offline_gpus(rt: Runtime) -> int:
 
 
 def recheck_quarantined(rt: Runtime) -> int:
-    from croqq.cluster.app import app
+    from croqq.processes.app import app
 
     count = 0
     for gpu in registry.all_gpus(rt.client):
@@ -153,9 +154,9 @@ def _replan(rt: Runtime, sid: str) -> int:
 
 def rebuild(rt: Runtime) -> int:
     """Cold start: recreate live state from the results repo's checkpoints and state.json."""
-    from croqq.cluster import history
-    from croqq.cluster.state import make_sid
+    from croqq.delivery.state import make_sid
     from croqq.store.load import list_runs, load_attempts, load_rounds, load_state, tried_hashes
+    from croqq.work import history
 
     repo = rt.results_reader()
     if repo is None:

@@ -26,10 +26,10 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from croqq.cluster import keys
-from croqq.cluster.queues import GPU_KINDS, SHARED_QUEUE
-from croqq.cluster.redis_client import strs, text
-from croqq.cluster.state import ShapeState
+from croqq.delivery import keys
+from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
+from croqq.delivery.redis_client import strs, text
+from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Measured, Phase, Proposed, Rejected, Stored, decide_event, transition
 from croqq.errors import StaleStepError
 
@@ -364,7 +364,7 @@ class Ledger:
     def reclaim_dead_local(self) -> int:
         """Re-queue at once the running steps whose owner was a process of this host that is gone (a
         restarted worker calls this: no need to wait for the lease to expire)."""
-        from croqq.cluster.leases import dead_local
+        from croqq.delivery.leases import dead_local
 
         count = 0
         for step_id in strs(self.client.zrange(keys.RUNNING, 0, -1)):

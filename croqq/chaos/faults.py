@@ -1,6 +1,6 @@
 """Faults for chaos tests and `croqq stress`: a seeded schedule and one injector per kind.
 
-Kills land mid-step deterministically: the harness raises a barrier (``croqq.cluster.barriers``), waits
+Kills land mid-step deterministically: the harness raises a barrier (``croqq.work.barriers``), waits
 until a process reports it has reached it, SIGKILLs that process (or its worker's main process), then
 drops the barrier; the supervisor restarts what died, as systemd or Kubernetes would.
 
@@ -19,12 +19,13 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from croqq.cluster import keys, registry
-from croqq.cluster.local import LocalCluster
-from croqq.cluster.redis_client import strs, text
-from croqq.cluster.state import ShapeSummary
+from croqq.delivery import keys
+from croqq.delivery.redis_client import strs, text
+from croqq.delivery.state import ShapeSummary
 from croqq.errors import ConfigError
+from croqq.placement import registry
 from croqq.probes.sim import inject_fault
+from croqq.processes.local import LocalCluster
 
 BARRIER_WAIT_S = 10.0
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
-from croqq.cluster import keys
+from croqq.delivery import keys
 from croqq.domain.records import Idea, Rejection
 from croqq.errors import DeferredError
 from croqq.settings import Settings, get_settings

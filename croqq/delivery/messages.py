@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from croqq.cluster.queues import StepKind
+from croqq.delivery.queues import StepKind
 from croqq.domain.schedule import ScheduledShape
 from croqq.errors import InvalidRecordError
 

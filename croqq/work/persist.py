@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 
-from croqq.cluster.state import ShapeState
+from croqq.delivery.state import ShapeState
 from croqq.domain import source as src
 from croqq.domain.decide import BASELINE
 from croqq.domain.fsm import Loop, Phase

@@ -15,7 +15,7 @@ import time
 
 import redis
 
-from croqq.cluster import keys
+from croqq.delivery import keys
 
 
 def wait_barrier(client: redis.Redis, enabled: bool, name: str, step_id: str = "") -> None:

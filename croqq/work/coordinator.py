@@ -17,18 +17,19 @@ from typing import Any
 
 import redis
 
-from croqq.cluster import keys, registry
-from croqq.cluster.ledger import Ledger, StepRecord
-from croqq.cluster.messages import SubmitMessage
-from croqq.cluster.persist import loop_from_checkpoint
-from croqq.cluster.queues import GPU_KINDS
-from croqq.cluster.redis_client import strs
-from croqq.cluster.state import ShapeState, make_sid
+from croqq.delivery import keys
+from croqq.delivery.ledger import Ledger, StepRecord
+from croqq.delivery.messages import SubmitMessage
+from croqq.delivery.queues import GPU_KINDS
+from croqq.delivery.redis_client import strs
+from croqq.delivery.state import ShapeState, make_sid
 from croqq.domain.fsm import Loop, Phase, Reopen, Start, transition
 from croqq.domain.manifest import Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule
+from croqq.placement import registry
 from croqq.settings import Settings
 from croqq.store.schema import Checkpoint
+from croqq.work.persist import loop_from_checkpoint
 
 log = logging.getLogger(__name__)
 

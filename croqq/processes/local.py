@@ -14,11 +14,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from croqq.cluster.progress import Snapshot, snapshot, submission_sids
-from croqq.cluster.redis_server import RedisServer
-from croqq.cluster.supervise import Child, Supervisor
 from croqq.errors import ConfigError
+from croqq.processes.redis_server import RedisServer
+from croqq.processes.supervise import Child, Supervisor
 from croqq.settings import Settings
+from croqq.work.progress import Snapshot, snapshot, submission_sids
 
 ROLES: dict[str, list[str]] = {
     "coordinator": ["coordinator"],
@@ -39,8 +39,8 @@ def gpu_children(
     gpus: str, settings: Settings, log_level: str, env: dict[str, str] | None = None
 ) -> list[Child]:
     """One supervised `croqq gpu-worker` child per selected GPU, each with its own CUDA environment."""
-    from croqq.cluster.runtime import ENV_GPU_INDEX, ENV_GPU_TYPE, ENV_GPU_UUID
     from croqq.probes import make_probe
+    from croqq.processes.runtime import ENV_GPU_INDEX, ENV_GPU_TYPE, ENV_GPU_UUID
 
     probe = make_probe(settings)
     found = probe.discover()
@@ -99,7 +99,7 @@ class LocalCluster:
     def start_redis(self) -> None:
         if self.settings.broker_url:
             return
-        from croqq.cluster.redis_client import require_redis
+        from croqq.delivery.redis_client import require_redis
 
         try:
             require_redis(self.settings, timeout_s=1.0)
@@ -145,17 +145,18 @@ class LocalCluster:
 
     @property
     def client(self):  # type: ignore[no-untyped-def]
-        from croqq.cluster.redis_client import connect
+        from croqq.delivery.redis_client import connect
 
         return connect(self.settings)
 
     def runtime(self):  # type: ignore[no-untyped-def]
-        from croqq.cluster.runtime import Runtime, publisher_for
+        from croqq.processes.runtime import Runtime, publisher_for
 
         return Runtime(self.settings, publisher=publisher_for(self.settings))
 
     def wait_gpus(self, count: int | None = None, timeout_s: float = 60.0) -> None:
-        from croqq.cluster import keys, registry
+        from croqq.delivery import keys
+        from croqq.placement import registry
 
         want = len(self.gpu_names) if count is None else count
         deadline = time.monotonic() + timeout_s
@@ -183,7 +184,7 @@ class LocalCluster:
     ) -> str:
         """Register a submission (in-process coordinator; ``limit``: the first N shapes); return its id."""
         from croqq.cli.submit import pick_gpu_type
-        from croqq.cluster.messages import SubmitMessage
+        from croqq.delivery.messages import SubmitMessage
         from croqq.domain.manifest import load_manifest
         from croqq.domain.schedule import build_schedule
         from croqq.domain.shapes import parse_dims

@@ -17,12 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from croqq.cluster import barriers, keys
-from croqq.cluster.executors import EXECUTORS
-from croqq.cluster.messages import StepMessage, parse
-from croqq.cluster.queues import GPU_KINDS, STEP_TASK
-from croqq.cluster.runtime import Runtime
-from croqq.cluster.state import ShapeState
+from croqq.delivery import keys
+from croqq.delivery.messages import StepMessage, parse
+from croqq.delivery.queues import GPU_KINDS, STEP_TASK
+from croqq.delivery.state import ShapeState
 from croqq.errors import (
     DeferredError,
     GpuLeaseLostError,
@@ -32,6 +30,9 @@ from croqq.errors import (
     StaleStepError,
     TerminalError,
 )
+from croqq.processes.runtime import Runtime
+from croqq.work import barriers
+from croqq.work.executors import EXECUTORS
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pygit2
 import redis
 
-from croqq.cluster import keys
-from croqq.cluster.leases import dead_local
-from croqq.cluster.redis_client import strs, text
+from croqq.delivery import keys
+from croqq.delivery.leases import dead_local
+from croqq.delivery.redis_client import strs, text
 from croqq.store.load import list_runs
 from croqq.store.paths import RunPaths
 from croqq.store.render import TRAILER_RESET, TRAILER_RUN, parse_tsv

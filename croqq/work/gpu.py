@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from croqq.backends._base import GpuContext
-from croqq.cluster import keys, stats
-from croqq.cluster.runtime import Runtime
+from croqq.delivery import keys
 from croqq.domain.records import GpuSnapshot, Measurement
 from croqq.errors import GpuLeaseLostError, GpuUnavailableError
+from croqq.processes.runtime import Runtime
+from croqq.work import stats
 
 log = logging.getLogger(__name__)
 

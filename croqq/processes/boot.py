@@ -18,10 +18,11 @@ import os
 import socket
 from collections.abc import Callable
 
-from croqq.cluster import keys, queues, registry
-from croqq.cluster.leases import Heartbeat, Lease, owner_id
-from croqq.cluster.redis_client import connect
-from croqq.cluster.runtime import ENV_GPU_OWNER
+from croqq.delivery import keys, queues
+from croqq.delivery.leases import Heartbeat, Lease, owner_id
+from croqq.delivery.redis_client import connect
+from croqq.placement import registry
+from croqq.processes.runtime import ENV_GPU_OWNER
 from croqq.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def run_celery_worker(
     prefetch: int = 1,
 ) -> None:
     """Run one Celery worker in this process, registered and heart-beating, holding ``singleton``."""
-    from croqq.cluster.app import app
+    from croqq.processes.app import app
 
     client = connect(settings)
     owner = owner_id(role)
@@ -86,7 +87,7 @@ def run_celery_worker(
         lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"the {role} lock")
     node_name = f"{node}@{host_name()}"
     registry.register_worker(client, node_name, [queue], role)
-    from croqq.cluster.runtime import get_runtime
+    from croqq.processes.runtime import get_runtime
 
     reclaimed = get_runtime().ledger.reclaim_dead_local()
     if reclaimed:
@@ -134,7 +135,7 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
     def gpu_beat(hb: Heartbeat) -> None:
         hb.add("gpu-lease", lambda: _renew_gpu(client, lease, entry))
 
-    from croqq.cluster.runtime import get_runtime
+    from croqq.processes.runtime import get_runtime
 
     get_runtime().coordinator.fill(uuid)
     try:
@@ -170,7 +171,7 @@ def run_beat(settings: Settings, loglevel: str = "INFO") -> None:
     """The single beat: hold the "beat" lease, then tick the housekeeping schedule."""
     from celery.apps.beat import Beat
 
-    from croqq.cluster.app import app
+    from croqq.processes.app import app
 
     client = connect(settings)
     lease = Lease(client, "beat", owner_id("beat"), settings.lease_ttl_s)

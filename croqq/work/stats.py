@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from croqq.cluster import keys
-from croqq.cluster.state import ShapeState
+from croqq.delivery import keys
+from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Stored
 
 OVERHEAD = keys.OVERHEAD

@@ -10,13 +10,9 @@ import time
 from collections.abc import Callable
 
 from croqq.backends.toolchain import candidate_of, knob_candidate
-from croqq.cluster import agents, keys
-from croqq.cluster import gpu as guard
-from croqq.cluster import history as hist
-from croqq.cluster.messages import StepMessage
-from croqq.cluster.persist import loop_from_checkpoint, store_request
-from croqq.cluster.runtime import Runtime
-from croqq.cluster.state import ShapeState
+from croqq.delivery import keys
+from croqq.delivery.messages import StepMessage
+from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import (
     BaselineMeasured,
     Built,
@@ -33,7 +29,12 @@ from croqq.domain.phases import next_phase
 from croqq.domain.records import BuildOutcome, Idea
 from croqq.domain.source import SourceError, load_stored
 from croqq.errors import IllegalTransitionError, TerminalError
+from croqq.processes.runtime import Runtime
 from croqq.proposers._base import ProposeContext
+from croqq.work import agents
+from croqq.work import gpu as guard
+from croqq.work import history as hist
+from croqq.work.persist import loop_from_checkpoint, store_request
 
 log = logging.getLogger(__name__)
 Executor = Callable[[Runtime, ShapeState, StepMessage], object]

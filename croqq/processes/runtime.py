@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from croqq.cluster import history, stats
-from croqq.cluster.coordinator import Coordinator
-from croqq.cluster.leases import Heartbeat, owner_id
-from croqq.cluster.ledger import Ledger, StepRecord
-from croqq.cluster.messages import StepMessage
-from croqq.cluster.queues import STEP_TASK
-from croqq.cluster.redis_client import connect
+from croqq.delivery.leases import Heartbeat, owner_id
+from croqq.delivery.ledger import Ledger, StepRecord
+from croqq.delivery.messages import StepMessage
+from croqq.delivery.queues import STEP_TASK
+from croqq.delivery.redis_client import connect
 from croqq.domain.manifest import Manifest, cached_manifest
 from croqq.errors import ConfigError
 from croqq.settings import Settings, get_settings
 from croqq.store.schema import Checkpoint
+from croqq.work import history, stats
+from croqq.work.coordinator import Coordinator
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -48,7 +48,7 @@ ENV_GPU_OWNER = "CROQQ_GPU_OWNER"
 def celery_publisher(record: StepRecord, celery: Celery | None = None) -> None:
     """Send a step's message (to this process's app unless another is given)."""
     if celery is None:
-        from croqq.cluster.app import app
+        from croqq.processes.app import app
 
         celery = app
     msg = StepMessage(step_id=record.step_id, epoch=record.epoch, sid=record.sid, kind=record.kind)
@@ -57,7 +57,7 @@ def celery_publisher(record: StepRecord, celery: Celery | None = None) -> None:
 
 def publisher_for(settings: Settings) -> Callable[[StepRecord], None]:
     """A publisher with its own app for ``settings`` (tools talking to a cluster other than the env's)."""
-    from croqq.cluster.app import make_app
+    from croqq.processes.app import make_app
 
     celery = make_app(settings)
     return lambda record: celery_publisher(record, celery)
@@ -161,7 +161,7 @@ class Runtime:
             Path(self.settings.results_repo), self.settings.results_branch, self.settings.sync_worktree
         )
         if self.settings.test_barriers:
-            from croqq.cluster.barriers import wait_barrier
+            from croqq.work.barriers import wait_barrier
 
             repo.before_ref_move = lambda: wait_barrier(self.client, True, "store:commit")
         removed = repo.remove_stale_locks()  # safe: this process holds the writer lease

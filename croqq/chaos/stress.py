@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from croqq.cluster import keys, stats
-from croqq.cluster.faults import Injected, Injector, PlannedFault, plan
-from croqq.cluster.invariants import live_problems, repo_problems, stored_iterations
-from croqq.cluster.local import LocalCluster
+from croqq.chaos.faults import Injected, Injector, PlannedFault, plan
+from croqq.chaos.invariants import live_problems, repo_problems, stored_iterations
+from croqq.delivery import keys
+from croqq.processes.local import LocalCluster
 from croqq.store.validate import validate_repo
+from croqq.work import stats
 
 log = logging.getLogger(__name__)
 CHECKPOINT_EVERY_S = 20.0

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import redis
 
-from croqq.cluster import keys
-from croqq.cluster.redis_client import text
+from croqq.delivery import keys
+from croqq.delivery.redis_client import text
 from croqq.errors import LeaseHeldError
 
 log = logging.getLogger(__name__)

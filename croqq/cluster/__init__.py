@@ -1,1 +1,0 @@
-"""The distributed engine: Celery app, Redis keys, step ledger, leases, coordinator, tasks, housekeeping."""
