@@ -16,6 +16,7 @@ from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule, expand_dtypes
 from croqq.domain.shapes import parse_dims
 from croqq.errors import ConfigError
+from croqq.placement import registry
 from croqq.settings import Settings
 
 
@@ -42,27 +43,6 @@ def _dry_run(schedule: list[ScheduledShape], as_json: bool) -> None:
     for s in schedule:
         table.add_row(str(s.rank), s.key, s.region, ",".join(s.scenarios))
     Console().print(table)
-
-
-def pick_gpu_type(settings: Settings, manifest: Manifest, requested: str | None) -> str:
-    """--gpu, else the one type of GPU registered in the cluster, else what this host's probe finds."""
-    if requested:
-        manifest.gpu(requested)
-        return requested
-    from croqq.delivery.redis_client import connect
-    from croqq.placement import registry
-
-    types = sorted({g.gpu_type for g in registry.all_gpus(connect(settings))})
-    if len(types) > 1:
-        raise ConfigError(f"the cluster has several GPU types ({', '.join(types)}); choose one with --gpu")
-    if not types:
-        from croqq.probes import make_probe
-
-        types = sorted({g.gpu_type for g in make_probe(settings).discover()})
-    if not types:
-        raise ConfigError("no GPUs registered or found; start workers (`croqq worker`) or pass --gpu TYPE")
-    manifest.gpu(types[0])
-    return types[0]
 
 
 @app.command()
@@ -133,7 +113,7 @@ def register(
     from croqq.processes.runtime import Runtime
 
     require_redis(settings)
-    gpu_type = pick_gpu_type(settings, manifest, gpu)
+    gpu_type = registry.pick_gpu_type(settings, manifest, gpu)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     msg = SubmitMessage(
         submission=f"sub-{stamp}-{secrets.token_hex(3)}",
@@ -143,7 +123,7 @@ def register(
         max_iter=max_iter,
         shapes=schedule,
     )
-    result = Runtime(settings).coordinator.submit(msg)
+    result = Runtime(settings).intake.submit(msg)
     return {
         "submission": msg.submission,
         "gpu_type": gpu_type,

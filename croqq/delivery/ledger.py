@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from pydantic import BaseModel, ConfigDict
@@ -30,8 +30,9 @@ from croqq.delivery import keys
 from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState
-from croqq.domain.fsm import Measured, Phase, Proposed, Rejected, Stored, decide_event, transition
+from croqq.domain.fsm import Phase
 from croqq.errors import StaleStepError
+from croqq.placement.assign import release_gpu
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,18 @@ class StepRecord(BaseModel):
 
 
 Publisher = Callable[[StepRecord], None]
-Hook = Callable[[Any, ShapeState, ShapeState, Any], None]
+Write = Callable[[Any], None]
+
+
+class Advance(Protocol):
+    """What a step's result does to its shape (``croqq.work.advance``): the ledger only runs it."""
+
+    def apply(self, record: StepRecord, state: ShapeState, event: Any) -> Write:
+        """Move ``state`` by ``event`` (reads allowed, before multi); return the writes that go with it
+        (called with the pipe in multi mode, inside the same transaction)."""
+
+    def after(self, state: ShapeState) -> None:
+        """Called once the transaction committed."""
 
 
 class Txn:
@@ -114,16 +126,17 @@ class Txn:
 
 
 class Ledger:
-    def __init__(self, client: redis.Redis, lease_ttl_s: float, publisher: Publisher | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, lease_ttl_s: float, advance: Advance, publisher: Publisher | None = None
+    ) -> None:
         self.client = client
+        self.advance = advance
         self.lease_ttl_s = lease_ttl_s
         self.publisher = publisher
         self.txn = Txn(client)
         self._queues: dict[str, str] = {}
         self._claim = client.register_script(_CLAIM)
         self._heartbeat = client.register_script(_HEARTBEAT)
-        self.on_stored: list[Hook] = []  # called inside the transaction (pipe in multi mode)
-        self.on_done: list[Callable[[ShapeState], None]] = []  # called after commit
 
     # -- reads --------------------------------------------------------------------------------------
 
@@ -166,7 +179,7 @@ class Ledger:
         if kind in GPU_KINDS:
             if state.gpu_uuid is None or gpu_queue is None:
                 state.step_id = None
-                self.release_gpu(pipe, state)
+                release_gpu(pipe, state)
                 return None
             queue = gpu_queue
         else:
@@ -185,19 +198,6 @@ class Ledger:
         state.step_id = record.step_id
         self._write_step(pipe, record)
         return record
-
-    @staticmethod
-    def release_gpu(pipe: Any, state: ShapeState) -> None:
-        """The shape leaves its GPU (if any) and waits in the pending set for one (pipe in multi mode).
-
-        Its in-flight step, if any, is the caller's business; its next GPU step re-measures the best first.
-        """
-        if state.gpu_uuid:
-            pipe.srem(keys.active(state.gpu_uuid), state.sid)
-        state.gpu_uuid = None
-        if state.loop.current_iter >= 0:
-            state.needs_rebase = True
-        pipe.zadd(keys.pending(state.gpu_type), {state.sid: state.pending_score()})
 
     def drop_step(self, pipe: Any, step_id: str) -> None:
         """Cancel a queued or running step (pipe in multi mode); any message or result for it is stale."""
@@ -248,7 +248,11 @@ class Ledger:
         )
 
     def complete(self, step_id: str, epoch: int, owner: str, event: Any) -> ShapeState:
-        """Apply a step's result exactly once; publish the next step. Raises StaleStepError if not ours."""
+        """Apply a step's result exactly once; publish the next step. Raises StaleStepError if not ours.
+
+        What the result means for the shape (the FSM, DECIDE, statistics, its GPU slot) is the
+        ``advance``'s business; the ledger checks ownership, marks the step done and plans the next one,
+        all in one transaction."""
         watch = [keys.step(step_id)]
         record0 = self.load_step(step_id)
         if record0 is None:
@@ -260,47 +264,33 @@ class Ledger:
             state = self.load_shape(record0.sid, pipe)
             if record is None or state is None:
                 raise StaleStepError(f"step {step_id} or its shape vanished")
-            if (record.status, record.epoch, record.owner) != (
-                RUNNING,
-                epoch,
-                owner,
-            ) or state.step_id != step_id:
-                raise StaleStepError(
-                    f"step {step_id} epoch {epoch} is stale (now {record.status} epoch {record.epoch})"
-                )
-            before = state.model_copy(deep=True)
-            now = time.time()
-            state.iter_exec_s += max(0.0, now - record.started_at)
-            state.loop = transition(state.loop, event)
-            if state.loop.phase == Phase.DECIDE:
-                state.loop = transition(state.loop, decide_event(state.loop))
-            if isinstance(event, Measured):
-                state.needs_rebase = False
+            self._check_holder(record, state, epoch, owner)
+            write = self.advance.apply(record, state, event)
             queue = self.queue_for(state, pipe)
             pipe.multi()
-            if isinstance(event, Proposed):
-                pipe.sadd(keys.ideas(state.sid), event.idea.content_hash)
-            if isinstance(event, Rejected) and event.rejection.content_hash:
-                pipe.sadd(keys.ideas(state.sid), event.rejection.content_hash)
-            if isinstance(event, Stored):
-                for hook in self.on_stored:
-                    hook(pipe, before, state, event)
-                state.iter_t0, state.iter_exec_s = now, 0.0
+            write(pipe)
+            now = time.time()
             pipe.hset(keys.step(step_id), mapping={"status": DONE, "finished_at": repr(now)})
             pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
             pipe.zrem(keys.RUNNING, step_id)
-            if state.loop.phase == Phase.DONE and state.gpu_uuid:
-                pipe.srem(keys.active(state.gpu_uuid), state.sid)
             nxt = self.plan_step(pipe, state, queue)
             self.save_shape(pipe, state)
             return state, nxt
 
         final, nxt = self.txn.run(watch, body)
         self.publish([nxt])
-        if final.loop.phase == Phase.DONE:
-            for hook in self.on_done:
-                hook(final)
+        self.advance.after(final)
         return final
+
+    @staticmethod
+    def _check_holder(record: StepRecord, state: ShapeState, epoch: int, owner: str) -> None:
+        """StaleStepError unless the caller still runs this step at this epoch and the shape waits for it."""
+        if (record.status, record.epoch, record.owner) != (RUNNING, epoch, owner) or state.step_id != (
+            record.step_id
+        ):
+            raise StaleStepError(
+                f"step {record.step_id} epoch {epoch} is stale (now {record.status} epoch {record.epoch})"
+            )
 
     def requeue(
         self, step_id: str, reason: str, expect_owner: str | None = None, only_expired: bool = False
@@ -338,7 +328,7 @@ class Ledger:
                 self.drop_step(pipe, step_id)
                 if state is not None and state.step_id == step_id:
                     state.step_id = None
-                    self.release_gpu(pipe, state)
+                    release_gpu(pipe, state)
                     self.save_shape(pipe, state)
                 return None, True
             now = time.time()

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict
 
 from croqq.delivery import keys
 from croqq.delivery.redis_client import strs
+from croqq.domain.manifest import Manifest
+from croqq.errors import ConfigError
+from croqq.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -115,3 +118,23 @@ def reap_dead_workers(client: redis.Redis, ttl_s: float) -> list[str]:
 
 def live_workers(client: redis.Redis, ttl_s: float) -> list[str]:
     return strs(client.zrangebyscore(keys.WORKERS, time.time() - ttl_s, "+inf"))
+
+
+def pick_gpu_type(settings: Settings, manifest: Manifest, requested: str | None) -> str:
+    """--gpu, else the one type of GPU registered in the cluster, else what this host's probe finds."""
+    if requested:
+        manifest.gpu(requested)
+        return requested
+    from croqq.delivery.redis_client import connect
+
+    types = sorted({g.gpu_type for g in all_gpus(connect(settings))})
+    if len(types) > 1:
+        raise ConfigError(f"the cluster has several GPU types ({', '.join(types)}); choose one with --gpu")
+    if not types:
+        from croqq.probes import make_probe
+
+        types = sorted({g.gpu_type for g in make_probe(settings).discover()})
+    if not types:
+        raise ConfigError("no GPUs registered or found; start workers (`croqq worker`) or pass --gpu TYPE")
+    manifest.gpu(types[0])
+    return types[0]

@@ -137,7 +137,7 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
 
     from croqq.processes.runtime import get_runtime
 
-    get_runtime().coordinator.fill(uuid)
+    get_runtime().placement.fill(uuid)
     try:
         run_celery_worker(
             settings,

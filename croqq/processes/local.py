@@ -183,24 +183,24 @@ class LocalCluster:
         dsl: str | None = None,
     ) -> str:
         """Register a submission (in-process coordinator; ``limit``: the first N shapes); return its id."""
-        from croqq.cli.submit import pick_gpu_type
         from croqq.delivery.messages import SubmitMessage
         from croqq.domain.manifest import load_manifest
         from croqq.domain.schedule import build_schedule
         from croqq.domain.shapes import parse_dims
+        from croqq.placement import registry
 
         manifest = load_manifest(self.settings.manifest)
         schedule = build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)[:limit]
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
         msg = SubmitMessage(
             submission=f"sub-{stamp}-{secrets.token_hex(3)}",
-            gpu_type=pick_gpu_type(self.settings, manifest, gpu_type),
+            gpu_type=registry.pick_gpu_type(self.settings, manifest, gpu_type),
             dsl=dsl or self.settings.dsl,
             mode=mode,
             max_iter=max_iter or manifest.mode(mode).max_iter,
             shapes=schedule,
         )
-        self.runtime().coordinator.submit(msg)
+        self.runtime().intake.submit(msg)
         return msg.submission
 
     def snapshot(self, submission: str | None = None) -> Snapshot:

@@ -23,10 +23,12 @@ from croqq.delivery.queues import STEP_TASK
 from croqq.delivery.redis_client import connect
 from croqq.domain.manifest import Manifest, cached_manifest
 from croqq.errors import ConfigError
+from croqq.placement.assign import Placement
 from croqq.settings import Settings, get_settings
 from croqq.store.schema import Checkpoint
 from croqq.work import history, stats
-from croqq.work.coordinator import Coordinator
+from croqq.work.advance import Advance
+from croqq.work.intake import Intake
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -100,15 +102,19 @@ class Runtime:
 
     @cached_property
     def ledger(self) -> Ledger:
-        ledger = Ledger(self.client, self.settings.lease_ttl_s, self._publisher)  # type: ignore[arg-type]
-        ledger.on_stored.append(stats.on_stored)
-        ledger.on_stored.append(history.on_stored)
-        ledger.on_done.append(self._refill)
-        return ledger
+        refill = lambda uuid: self.placement.fill(uuid)  # noqa: E731,PLW0108 - placement needs the ledger first
+        advance = Advance([stats.on_stored, history.on_stored], refill=refill)
+        return Ledger(self.client, self.settings.lease_ttl_s, advance, self._publisher)  # type: ignore[arg-type]
 
     @cached_property
-    def coordinator(self) -> Coordinator:
-        return Coordinator(self.settings, self.manifest, self.client, self.ledger, self.load_checkpoint)
+    def placement(self) -> Placement:
+        return Placement(self.settings, self.client, self.ledger)
+
+    @cached_property
+    def intake(self) -> Intake:
+        return Intake(
+            self.settings, self.manifest, self.client, self.ledger, self.placement, self.load_checkpoint
+        )
 
     @cached_property
     def heartbeat(self) -> Heartbeat:
@@ -190,11 +196,6 @@ class Runtime:
             return GitRepo.open_existing(path, self.settings.results_branch)
         except ConfigError:  # the writer is creating it right now: nothing to read yet
             return None
-
-    def _refill(self, state: object) -> None:
-        uuid = getattr(state, "gpu_uuid", None)
-        if uuid:
-            self.coordinator.fill(uuid)
 
 
 class Completer:

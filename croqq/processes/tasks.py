@@ -67,7 +67,7 @@ def submit(payload: Any) -> int:
     except InvalidRecordError as exc:
         log.error("rejected message: %s", exc)
         return 0
-    return len(get_runtime().coordinator.submit(msg).sids)
+    return len(get_runtime().intake.submit(msg).sids)
 
 
 @app.task(name=queues.TASK_FILL)
@@ -77,7 +77,7 @@ def fill(payload: Any) -> int:
     except InvalidRecordError as exc:
         log.error("rejected message: %s", exc)
         return 0
-    coord = get_runtime().coordinator
+    coord = get_runtime().placement
     return coord.fill(msg.gpu_uuid) if msg.gpu_uuid else coord.fill_all()
 
 
@@ -130,5 +130,5 @@ def gpu_recheck(payload: Any) -> bool:
         log.info("GPU %s still unhealthy: %s", uuid, "; ".join(health.problems))
         return False
     registry.set_status(rt.client, uuid, registry.HEALTHY)
-    rt.coordinator.fill(uuid)
+    rt.placement.fill(uuid)
     return True

@@ -40,12 +40,12 @@ def reconcile(rt: Runtime) -> dict[str, int]:
     out["outbox"] = rt.ledger.flush_outbox(OUTBOX_GRACE_S)
     out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
     out["republished"] = republish_after_resets(rt)
-    out["offline"] = release_offline_gpus(rt)
+    out["offline"] = rt.placement.release_offline_gpus()
     if _every(rt, "recheck", rt.settings.recheck_every_s):
         out["rechecks"] = recheck_quarantined(rt)
     if _every(rt, "unstick", UNSTICK_EVERY_S):
         out["unstuck"] = unstick_shapes(rt)
-    out["placed"] = rt.coordinator.fill_all()
+    out["placed"] = rt.placement.fill_all()
     if any(v for k, v in out.items() if k != "placed"):
         log.info("reconcile: %s", {k: v for k, v in out.items() if v})
     return out
@@ -71,23 +71,6 @@ def republish_after_resets(rt: Runtime) -> int:
         if queue is None or resets.get(queue, 0.0) > published or now - published > rt.settings.queue_resend_s
     ]
     return rt.ledger.republish(stale, "its queue's consumer restarted or it waited too long")
-
-
-def release_offline_gpus(rt: Runtime) -> int:
-    now, count = time.time(), 0
-    for gpu in registry.all_gpus(rt.client):
-        if gpu.status == registry.OFFLINE:
-            continue
-        if rt.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
-            if gpu.missing_since:
-                rt.client.hset(keys.gpu(gpu.uuid), "missing_since", "0")
-            continue
-        if not gpu.missing_since:
-            rt.client.hset(keys.gpu(gpu.uuid), "missing_since", repr(now))
-        elif now - gpu.missing_since > rt.settings.gpu_offline_s:
-            rt.coordinator.quarantine(gpu.uuid, "its worker is gone", status=registry.OFFLINE)
-            count += 1
-    return count
 
 
 def recheck_quarantined(rt: Runtime) -> int:
@@ -169,7 +152,7 @@ def rebuild(rt: Runtime) -> int:
     def tried(gpu_type: str, dsl: str, key: str) -> list[str]:
         return tried_hashes(repo, gpu_type, dsl, key)
 
-    count = rt.coordinator.rebuild_from_repo(list_runs(repo), state_keys, tried)
+    count = rt.intake.rebuild_from_repo(list_runs(repo), state_keys, tried)
     for gpu_type, dsl in list_runs(repo) if count else []:
         for key in state_keys(gpu_type, dsl):
             sid = make_sid(gpu_type, dsl, key)

@@ -106,7 +106,7 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
         rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner)
         return "deferred", None
     except GpuUnavailableError as exc:
-        rt.coordinator.quarantine(rt.gpu.uuid, str(exc))
+        rt.placement.quarantine(rt.gpu.uuid, str(exc))
         return "quarantined", None
     except RetryableError as exc:
         log.warning("%s %s: retryable fault: %s", msg.kind, msg.step_id, exc)

@@ -18,8 +18,10 @@ from croqq.domain.records import BuildOutcome, Idea, Measurement
 from croqq.domain.schedule import build_schedule
 from croqq.errors import StaleStepError
 from croqq.placement import registry
+from croqq.placement.assign import Placement
 from croqq.settings import Settings
-from croqq.work.coordinator import Coordinator
+from croqq.work.advance import Advance
+from croqq.work.intake import Intake
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TYPE = "sm90_Simulated_H100_SXM"
@@ -33,8 +35,14 @@ class Cluster:
         self.settings = Settings(pipeline_depth=depth, lease_ttl_s=ttl)
         self.manifest = load_manifest(ROOT / "kernels" / "manifest.json")
         self.published: list[StepRecord] = []
-        self.ledger = Ledger(client, ttl, self.published.append)
-        self.coord = Coordinator(self.settings, self.manifest, client, self.ledger)
+        self.ledger = Ledger(
+            client,
+            ttl,
+            Advance(refill=lambda uuid: self.placement.fill(uuid)),  # noqa: PLW0108 - placement comes next
+            self.published.append,
+        )
+        self.placement = Placement(self.settings, client, self.ledger)
+        self.coord = Intake(self.settings, self.manifest, client, self.ledger, self.placement)
 
     def add_gpu(self, uuid: str) -> None:
         registry.register_gpu(
@@ -193,7 +201,7 @@ def test_quarantine_releases_shapes_drops_gpu_steps_and_migrates(cluster: Cluste
     cluster.ledger.complete(first.step_id, 0, "w", baseline_event())  # that shape moves on to STORE
     registry.set_status(cluster.client, "GPU-b", registry.HEALTHY)
     cluster.published.clear()
-    moved = cluster.coord.quarantine("GPU-a", "XID 79")
+    moved = cluster.placement.quarantine("GPU-a", "XID 79")
     assert moved == 2
     assert registry.get_gpu(cluster.client, "GPU-a").status == registry.QUARANTINED  # type: ignore[union-attr]
     states = {sid: cluster.ledger.load_shape(sid) for sid in sids}

@@ -1,0 +1,177 @@
+"""Which GPU holds which shape: the one place that puts shapes on GPUs and takes them off.
+
+Each healthy GPU holds up to ``pipeline_depth`` active shapes (so it measures one while the others ideate
+and compile). A shape keeps its GPU for life unless that GPU is quarantined or goes offline; it then waits
+in the pending set (ahead of new shapes) and re-measures its best on its next GPU. A shape that is done
+leaves its GPU, which is then filled again.
+
+Every decision is a Redis transaction, so any number of coordinators (and the workers that advance shapes
+inline) can place at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from croqq.delivery import keys
+from croqq.delivery.queues import GPU_KINDS
+from croqq.delivery.redis_client import strs
+from croqq.delivery.state import ShapeState
+from croqq.domain.fsm import Phase, Start, transition
+from croqq.placement import registry
+from croqq.settings import Settings
+
+if TYPE_CHECKING:
+    from croqq.delivery.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+def release_gpu(pipe: Any, state: ShapeState) -> None:
+    """The shape leaves its GPU (if any) and waits in the pending set for one (pipe in multi mode).
+
+    Its in-flight step, if any, is the caller's business; its next GPU step re-measures the best first.
+    """
+    if state.gpu_uuid:
+        pipe.srem(keys.active(state.gpu_uuid), state.sid)
+    state.gpu_uuid = None
+    if state.loop.current_iter >= 0:
+        state.needs_rebase = True
+    pipe.zadd(keys.pending(state.gpu_type), {state.sid: state.pending_score()})
+
+
+def leave_if_finished(pipe: Any, state: ShapeState) -> None:
+    """A shape that is done or parked frees its GPU slot (pipe in multi mode); it keeps the GPU's name."""
+    if state.gpu_uuid and (state.loop.phase == Phase.DONE or state.error):
+        pipe.srem(keys.active(state.gpu_uuid), state.sid)
+
+
+class Placement:
+    def __init__(self, settings: Settings, client: redis.Redis, ledger: Ledger) -> None:
+        self.settings = settings
+        self.client = client
+        self.ledger = ledger
+
+    # -- assignment ------------------------------------------------------------------------------------
+
+    def fill_all(self, gpu_type: str | None = None) -> int:
+        placed = 0
+        for gpu in registry.all_gpus(self.client):
+            if gpu.status == registry.HEALTHY and (gpu_type is None or gpu.gpu_type == gpu_type):
+                placed += self.fill(gpu.uuid)
+        return placed
+
+    def fill(self, uuid: str) -> int:
+        """Give a healthy GPU pending shapes until it holds ``pipeline_depth`` of them."""
+        gpu = registry.get_gpu(self.client, uuid)
+        if gpu is None or gpu.status != registry.HEALTHY:
+            return 0
+        placed = 0
+        while True:
+            outcome = self._place_one(gpu.uuid, gpu.gpu_type, gpu.queue)
+            if outcome is None:
+                return placed
+            if outcome is not _SKIP:
+                self.ledger.publish([outcome])
+            placed += 1
+
+    def _place_one(self, uuid: str, gpu_type: str, queue: str) -> Any:
+        """Move the best pending shape onto the GPU: a StepRecord to publish, _SKIP, or None (full/empty)."""
+        pending_key, active_key = keys.pending(gpu_type), keys.active(uuid)
+
+        def body(pipe: Any) -> Any:
+            if pipe.scard(active_key) >= self.settings.pipeline_depth:
+                pipe.multi()
+                return None
+            head = pipe.zrange(pending_key, 0, 0)
+            if not head:
+                pipe.multi()
+                return None
+            sid = head[0]
+            pipe.watch(keys.shape(sid))
+            state = self.ledger.load_shape(sid, pipe)
+            if state is None or state.loop.phase == Phase.DONE or state.error:
+                pipe.multi()
+                pipe.zrem(pending_key, sid)
+                return _SKIP
+            if state.loop.phase == Phase.INIT:
+                state.loop = transition(state.loop, Start())
+                # the first iteration's clock starts with its GPU slot: waiting for capacity is not overhead
+                state.iter_t0, state.iter_exec_s = time.time(), 0.0
+            pipe.multi()
+            pipe.zrem(pending_key, sid)
+            pipe.sadd(active_key, sid)
+            state.gpu_uuid = uuid
+            record = self.ledger.plan_step(pipe, state, queue) if state.step_id is None else None
+            self.ledger.save_shape(pipe, state)
+            log.info("%s assigned to GPU %s", state.key, uuid)
+            return record or _SKIP
+
+        return self.ledger.txn.run([pending_key, active_key], body)
+
+    # -- quarantine / offline --------------------------------------------------------------------------
+
+    def quarantine(self, uuid: str, reason: str, status: str = registry.QUARANTINED) -> int:
+        """Stop using a GPU and release its shapes (they re-measure their best on their next GPU)."""
+        registry.set_status(self.client, uuid, status, reason)
+        moved = 0
+        for sid in sorted(strs(self.client.smembers(keys.active(uuid)))):
+            moved += self._evict(sid, uuid)
+        registry_gpu = registry.get_gpu(self.client, uuid)
+        self.client.hincrby(keys.STATS, "quarantines" if status == registry.QUARANTINED else "offline", 1)
+        self.client.hincrby(keys.STATS, "migrations", moved)
+        log.warning("GPU %s %s (%s): %d shape(s) released to other GPUs", uuid, status, reason, moved)
+        self.fill_all(registry_gpu.gpu_type if registry_gpu else None)
+        return moved
+
+    def _evict(self, sid: str, uuid: str) -> int:
+        state0 = self.ledger.load_shape(sid)
+        watch = [keys.shape(sid)] + ([keys.step(state0.step_id)] if state0 and state0.step_id else [])
+
+        def body(pipe: Any) -> int:
+            state = self.ledger.load_shape(sid, pipe)
+            if state is None or state.gpu_uuid != uuid:
+                pipe.multi()
+                pipe.srem(keys.active(uuid), sid)
+                return 0
+            step = self.ledger.load_step(state.step_id, pipe) if state.step_id else None
+            pipe.multi()
+            if step is not None and step.kind in GPU_KINDS and step.status in ("queued", "running"):
+                self.ledger.drop_step(pipe, step.step_id)
+                state.step_id = None
+            if state.loop.phase == Phase.DONE:
+                pipe.srem(keys.active(uuid), sid)
+                return 0
+            release_gpu(pipe, state)
+            self.ledger.save_shape(pipe, state)
+            return 1
+
+        return int(self.ledger.txn.run(watch, body))
+
+    def release_offline_gpus(self) -> int:
+        """GPUs whose worker's lease is gone for longer than ``gpu_offline_s`` give their shapes back."""
+        now, count = time.time(), 0
+        for gpu in registry.all_gpus(self.client):
+            if gpu.status == registry.OFFLINE:
+                continue
+            if self.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
+                if gpu.missing_since:
+                    self.client.hset(keys.gpu(gpu.uuid), "missing_since", "0")
+                continue
+            if not gpu.missing_since:
+                self.client.hset(keys.gpu(gpu.uuid), "missing_since", repr(now))
+            elif now - gpu.missing_since > self.settings.gpu_offline_s:
+                self.quarantine(gpu.uuid, "its worker is gone", status=registry.OFFLINE)
+                count += 1
+        return count
+
+
+class _Skip:
+    """A pending entry that was consumed without publishing a step (done, vanished, or already stepping)."""
+
+
+_SKIP = _Skip()

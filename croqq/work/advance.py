@@ -1,0 +1,60 @@
+"""What a finished step's result does to its shape, inside the ledger's transaction.
+
+The FSM moves (DECIDE is applied at once: it needs no worker), the proposal's content hash joins the
+shape's tried set, a STORE updates the statistics and the shape's history, and a shape that is done
+leaves its GPU slot; after the commit its GPU is filled again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from croqq.delivery import keys
+from croqq.delivery.ledger import StepRecord, Write
+from croqq.delivery.state import ShapeState
+from croqq.domain.fsm import Measured, Phase, Proposed, Rejected, Stored, decide_event, transition
+from croqq.placement.assign import leave_if_finished
+
+StoredHook = Callable[
+    [Any, ShapeState, ShapeState, Stored], None
+]  # (pipe in multi mode, before, after, event)
+
+
+class Advance:
+    def __init__(
+        self, on_stored: list[StoredHook] | None = None, refill: Callable[[str], object] | None = None
+    ) -> None:
+        self.on_stored = list(on_stored or [])
+        self.refill = refill
+
+    def apply(self, record: StepRecord, state: ShapeState, event: Any) -> Write:
+        before = state.model_copy(deep=True)
+        now = time.time()
+        state.iter_exec_s += max(0.0, now - record.started_at)
+        state.loop = transition(state.loop, event)
+        if state.loop.phase == Phase.DECIDE:
+            state.loop = transition(state.loop, decide_event(state.loop))
+        if isinstance(event, Measured):
+            state.needs_rebase = False
+        tried = ""
+        if isinstance(event, Proposed):
+            tried = event.idea.content_hash
+        elif isinstance(event, Rejected):
+            tried = event.rejection.content_hash or ""
+
+        def write(pipe: Any) -> None:
+            if tried:
+                pipe.sadd(keys.ideas(state.sid), tried)
+            if isinstance(event, Stored):
+                for hook in self.on_stored:
+                    hook(pipe, before, state, event)
+                state.iter_t0, state.iter_exec_s = now, 0.0
+            leave_if_finished(pipe, state)
+
+        return write
+
+    def after(self, state: ShapeState) -> None:
+        if state.loop.phase == Phase.DONE and state.gpu_uuid and self.refill is not None:
+            self.refill(state.gpu_uuid)
