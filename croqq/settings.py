@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     sync_worktree: bool = Field(
         True, description="Also write files into the results repo's working tree and index (non-bare repos)."
     )
+    git_fsync: bool = Field(
+        True,
+        description="fsync each commit's pack, the moved branch ref and their folders before a STORE is "
+        "acknowledged. Off trades power-loss safety (the last acknowledged commits can vanish, the branch "
+        "ref can be left empty) for speed.",
+    )
     manifest: Path = Field(PROJECT_ROOT / "kernels" / "manifest.json")
     build_dir: Path = Field(
         Path(""), description="Where the cuda backend compiles candidates (default <run dir>/build)."

@@ -18,7 +18,13 @@ same repo (hard links, except the reflogs that git appends to):
   ``ratio_10k_over_363_all_keys`` isolates the history's depth, while ``ratio_10k_over_100`` also
   counts the per-commit cost of 268-wide folders (5 tree objects of ~12 KB) and an 80 KB state.json;
 - ``naive_git_iters_per_s``: the same files written into the working tree, then
-  ``git add -A && git commit`` per iteration with the git CLI, on a copy of the 10k repo.
+  ``git add -A && git commit`` per iteration with the git CLI, on a copy of the 10k repo;
+- ``writer_fsync_iter_per_s`` / ``writer_nofsync_iter_per_s``: the writer on the 10k repo (working-tree
+  sync on) with ``CROQQ_GIT_FSYNC`` on (the default, so the same run as ``writer_iters_per_s``) and off;
+  ``fsync_cost_ratio``: commit time with fsync over without (1.0: durability is free).
+
+Every writer figure except ``writer_nofsync_iter_per_s`` is measured with fsync on, the default (figures
+before issue 10 were measured without fsync).
 
 Each writer figure is the best of ``ROUNDS`` runs on fresh copies (other load on a small shared machine
 only ever slows a run down); dirty pages of the copy are synced before a run starts.
@@ -99,15 +105,17 @@ def _copy(src: Path, dst: Path, link: bool = True) -> Path:
     return dst
 
 
-def _best_writer(src: Path, copy: Path, requests: list[StoreRequest], sync: bool) -> dict[str, float]:
+def _best_writer(
+    src: Path, copy: Path, requests: list[StoreRequest], sync: bool, fsync: bool = True
+) -> dict[str, float]:
     """The best of ROUNDS runs, each on a fresh copy of ``src``."""
-    runs = [_time_writer(_copy(src, copy), requests, sync) for _ in range(ROUNDS)]
+    runs = [_time_writer(_copy(src, copy), requests, sync, fsync) for _ in range(ROUNDS)]
     shutil.rmtree(copy, ignore_errors=True)
     return min(runs, key=lambda r: r["commit_ms_mean"])
 
 
-def _time_writer(path: Path, requests: list[StoreRequest], sync: bool) -> dict[str, float]:
-    repo = GitRepo(path, sync_worktree=sync)
+def _time_writer(path: Path, requests: list[StoreRequest], sync: bool, fsync: bool) -> dict[str, float]:
+    repo = GitRepo(path, sync_worktree=sync, fsync=fsync)
     writer = ResultsWriter(repo)
     times = []
     for req in requests:
@@ -199,6 +207,9 @@ def _figures(runs: dict[str, dict[str, float]], naive: float) -> dict[str, float
         "ratio_10k_over_100": round(ms("10k") / ms("100"), 2),
         "ratio_10k_over_100_no_worktree": round(ms("10k bare") / ms("100 bare"), 2),
         "ratio_10k_over_363_all_keys": round(ms("10k") / ms("363"), 2),
+        "writer_fsync_iter_per_s": round(runs["10k"]["iters_per_s"], 1),
+        "writer_nofsync_iter_per_s": round(runs["10k nofsync"]["iters_per_s"], 1),
+        "fsync_cost_ratio": round(ms("10k") / ms("10k nofsync"), 2),
     }
 
 
@@ -209,13 +220,14 @@ def run(work_dir: Path) -> dict[str, float | int]:
     repos = _build(work_dir, hot, cold)
     copy = work_dir / "copy"
     runs = {
-        name: _best_writer(repos[size], copy, measured, sync=not name.endswith("bare"))
+        name: _best_writer(repos[size], copy, measured, not name.endswith("bare"), "nofsync" not in name)
         for name, size in (
             ("100", "100"),
             ("100 bare", "100"),
             ("363", "363"),
             ("10k", "10k"),
             ("10k bare", "10k"),
+            ("10k nofsync", "10k"),
         )
     }
     naive = _time_naive(_copy(repos["10k"], copy, link=False), measured)  # writes files in place: a real copy

@@ -98,6 +98,8 @@ def _close_writer() -> None:
     from croqq.processes.runtime import get_runtime
 
     rt = get_runtime()
+    if rt.pusher is not None:
+        rt.pusher.close()  # one last push of pending commits, if the remote answers within seconds
     if "writer" in vars(rt):
         rt.writer.repo.close()
 

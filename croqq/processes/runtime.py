@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from croqq.delivery import keys
 from croqq.delivery.leases import Heartbeat, owner_id
 from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import STEP_TASK
-from croqq.delivery.redis_client import connect
+from croqq.delivery.redis_client import connect, text
 from croqq.domain.manifest import Manifest, cached_manifest
 from croqq.errors import ConfigError
 from croqq.placement.assign import Placement
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from croqq.probes._base import GpuProbe
     from croqq.proposers._base import Proposer
     from croqq.store.gitrepo import GitRepo
+    from croqq.store.push import Pusher
     from croqq.store.writer import ResultsWriter
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ ENV_GPU_UUID = "CROQQ_GPU_UUID"
 ENV_GPU_INDEX = "CROQQ_GPU_INDEX"
 ENV_GPU_TYPE = "CROQQ_GPU_TYPE"
 ENV_GPU_OWNER = "CROQQ_GPU_OWNER"
+UNKNOWN = "?"  # a lease holder that cannot be read: never taken for a previous writer being gone
 
 
 def celery_publisher(record: StepRecord, celery: Celery | None = None) -> None:
@@ -91,6 +94,7 @@ class Runtime:
         self.owner = owner_id()
         self._publisher = publisher
         self._reader: GitRepo | None = None
+        self.pusher: Pusher | None = None  # the results branch's background pusher (writer, with a remote)
 
     @cached_property
     def manifest(self) -> Manifest:
@@ -163,17 +167,37 @@ class Runtime:
         from croqq.store.gitrepo import GitRepo
         from croqq.store.writer import ResultsWriter
 
+        s = self.settings
+        holder = self._writer_lease_holder()  # this process holds the lease: a previous writer is gone
         repo = GitRepo(
-            Path(self.settings.results_repo), self.settings.results_branch, self.settings.sync_worktree
+            Path(s.results_repo),
+            s.results_branch,
+            s.sync_worktree,
+            fsync=s.git_fsync,
+            owner=holder if holder not in (None, UNKNOWN) else self.owner,
+            previous_gone=lambda previous: holder not in (previous, UNKNOWN),
         )
-        if self.settings.test_barriers:
+        if s.test_barriers:
             from croqq.work.barriers import wait_barrier
 
             repo.before_ref_move = lambda: wait_barrier(self.client, True, "store:commit")
-        removed = repo.remove_stale_locks()  # safe: this process holds the writer lease
-        if removed:
-            log.warning("removed stale git lock file(s) left by a killed writer: %s", ", ".join(removed))
+        if s.results_remote:
+            from croqq.store.push import Pusher
+
+            remote = s.results_remote
+            self.pusher = Pusher(lambda: repo.push(remote), s.push_every_s, remote).start()
+            repo.after_commit = self.pusher.poke
+            self.pusher.poke()  # commits made before a restart
         return ResultsWriter(repo)
+
+    def _writer_lease_holder(self) -> str | None:
+        """The writer lease's owner token (this process's, in the writer), None when nobody holds it,
+        UNKNOWN when Redis cannot tell."""
+        try:
+            return text(self.client.get(keys.lease("writer")))
+        except redis.RedisError as exc:
+            log.warning("cannot read the writer lease: %s", exc)
+            return UNKNOWN
 
     # -- helpers ------------------------------------------------------------------------------------
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
 
 from croqq.delivery import queues
 from croqq.delivery.messages import FillMessage, SubmitMessage, parse
-from croqq.errors import InvalidRecordError, RetryableError
+from croqq.errors import InvalidRecordError
 from croqq.placement import registry
 from croqq.processes.app import app
 from croqq.processes.runtime import drain_completer, get_runtime
@@ -98,23 +97,14 @@ def summary() -> int:
 
 @app.task(name=queues.TASK_FLUSH)
 def flush() -> bool:
-    """Bring the results repo's index up to date and push to the remote when one is set and a push is due."""
+    """Bring the results repo's index up to date and wake the background pusher (never waits for a push:
+    see croqq.store.push). True when a remote is set."""
     rt = get_runtime()
-    repo = rt.writer.repo
-    repo.sync_index()
-    remote = rt.settings.results_remote
-    if not remote or time.monotonic() - _last_push["t"] < rt.settings.push_every_s:
+    rt.writer.repo.sync_index()
+    if rt.pusher is None:
         return False
-    try:
-        repo.push(remote)
-    except RetryableError as exc:
-        log.warning("push to %s failed (will retry): %s", remote, exc)
-        return False
-    _last_push["t"] = time.monotonic()
+    rt.pusher.poke()
     return True
-
-
-_last_push = {"t": float("-inf")}
 
 
 @app.task(name=queues.TASK_GPU_RECHECK)

@@ -14,11 +14,15 @@ merges beyond ``MAX_PACK_BYTES``, are left to ``git gc``.
 
 The formats are git's documented pack and pack-index v2 (``git verify-pack``/``git fsck`` check them).
 A pack becomes visible when its ``.idx`` appears (renamed last); merged packs are removed index first.
+With ``fsync`` (the default) each file is fsynced before its rename and the pack folder after both, so a
+pack is durable before the branch moves onto its commit, and a merged pack before the packs it replaces
+are deleted.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import logging
 import os
@@ -32,6 +36,7 @@ from pathlib import Path
 import pygit2
 
 from croqq.errors import InvalidRecordError
+from croqq.store._fsync import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +80,9 @@ class _Entries:
             self.items[oid] = (zlib.crc32(entry), entry)
 
 
-def _write_pack(folder: Path, entries: _Entries) -> Path:
-    """Write ``pack-<sha>.pack`` then its ``.idx``; returns the path without suffix."""
+def _write_pack(folder: Path, entries: _Entries, fsync: bool) -> Path:
+    """Write ``pack-<sha>.pack`` then its ``.idx`` (durable on return with ``fsync``); returns the path
+    without suffix."""
     names = sorted(entries.items)
     order = list(entries.items)
     offsets: dict[bytes, int] = {}
@@ -106,15 +112,19 @@ def _write_pack(folder: Path, entries: _Entries) -> Path:
         ]
     )
     stem = folder / f"pack-{checksum.hex()}"
-    _publish(folder, stem.with_suffix(".pack"), body + checksum)
-    _publish(folder, stem.with_suffix(".idx"), index + hashlib.sha1(index).digest())
+    _publish(folder, stem.with_suffix(".pack"), body + checksum, fsync)
+    _publish(folder, stem.with_suffix(".idx"), index + hashlib.sha1(index).digest(), fsync)
+    if fsync:
+        fsync_path(folder)  # the two new names
     return stem
 
 
-def _publish(folder: Path, final: Path, data: bytes) -> None:
+def _publish(folder: Path, final: Path, data: bytes, fsync: bool) -> None:
     tmp = folder / f"tmp_pack_croqq_{os.getpid()}_{threading.get_ident()}"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444), "wb") as fh:
         fh.write(data)
+    if fsync:
+        fsync_path(tmp)  # before the rename: the final name never points at unwritten data
     os.replace(tmp, final)
 
 
@@ -142,8 +152,9 @@ def _read_pack(stem: Path, into: _Entries) -> None:
 class PackSink:
     """Collects one commit's objects and writes them as one pack on :meth:`flush`."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, fsync: bool = True) -> None:
         self.folder = folder
+        self.fsync = fsync
         self.entries = _Entries()
 
     def add(self, kind: bytes, body: bytes, level: int = 1) -> pygit2.Oid:
@@ -153,20 +164,34 @@ class PackSink:
         return pygit2.Oid(raw=oid)
 
     def flush(self) -> Path | None:
-        return _write_pack(self.folder, self.entries) if self.entries.items else None
+        return _write_pack(self.folder, self.entries, self.fsync) if self.entries.items else None
 
 
 class LibgitSink:
-    """The same interface over libgit2's object database (loose objects), for repos PackSink cannot serve."""
+    """The same interface over libgit2's object database (loose objects), for repos PackSink cannot serve.
+    With ``fsync``, :meth:`flush` fsyncs the loose files written and their folders."""
 
-    def __init__(self, repo: pygit2.Repository) -> None:
+    def __init__(self, repo: pygit2.Repository, fsync: bool = True) -> None:
         self._repo = repo
+        self.fsync = fsync
+        self._written: list[pygit2.Oid] = []
 
     def add(self, kind: bytes, body: bytes, level: int = 1) -> pygit2.Oid:
         types = {b"commit": pygit2.enums.ObjectType.COMMIT, b"tree": pygit2.enums.ObjectType.TREE}
-        return self._repo.odb.write(types.get(kind, pygit2.enums.ObjectType.BLOB), body)
+        oid = self._repo.odb.write(types.get(kind, pygit2.enums.ObjectType.BLOB), body)
+        self._written.append(oid)
+        return oid
 
     def flush(self) -> Path | None:
+        if self.fsync:
+            objects = Path(self._repo.path) / "objects"
+            for oid in self._written:
+                with contextlib.suppress(FileNotFoundError):  # already stored in a pack: nothing written
+                    fsync_path(objects / str(oid)[:2] / str(oid)[2:])
+            for folder in {str(oid)[:2] for oid in self._written}:
+                with contextlib.suppress(FileNotFoundError):
+                    fsync_path(objects / folder)
+            fsync_path(objects)
         return None
 
 
@@ -186,8 +211,9 @@ class PackStack:
     complete on disk before the packs it replaces are deleted, so every object is always in some pack.
     """
 
-    def __init__(self, folder: Path, fan: int = 8, reopen_after: int = 64) -> None:
+    def __init__(self, folder: Path, fan: int = 8, reopen_after: int = 64, fsync: bool = True) -> None:
         self.folder = folder
+        self.fsync = fsync
         self.fan = fan
         self.reopen_after = reopen_after
         self._packs: list[_Pack] = []
@@ -263,7 +289,7 @@ class PackStack:
                         entries.items.setdefault(oid, item)
                 else:
                     _read_pack(pack.stem, entries)
-            stem = _write_pack(self.folder, entries)
+            stem = _write_pack(self.folder, entries, self.fsync)
             for pack in packs:
                 if pack.stem != stem:
                     pack.stem.with_suffix(".idx").unlink(missing_ok=True)

@@ -8,6 +8,14 @@ background as they pile up). Then the branch moves with compare-and-swap semanti
 refused with :class:`RetryableError`. A process killed before the ref moves leaves only an unreferenced
 pack (``git gc`` drops it); the branch is untouched.
 
+Durability (``fsync``, on by default; tuning/README.md "What survives a power loss"): the pack and its
+index are fsynced before their renames and the pack folder after them, all before the ref moves; libgit2
+is told to fsync what it writes (``GIT_OPT_ENABLE_FSYNC_GITDIR``: the ref's lock file before its rename,
+loose objects, the index), and after the move the ref file, its folder (and the reflog, if there is one)
+are fsynced again, so :meth:`GitRepo.commit` returns only once the commit survives a power loss. Lock
+files: the writer passes its lease ``owner``; only the lock a killed predecessor provably left is
+deleted at start-up (``croqq.store._locks``), any other is left in place and logged.
+
 Reads (:meth:`GitRepo.read`, :meth:`GitRepo.list_dir`, ...) come from the branch tip, never the working
 tree. Each read re-reads the ref (one small file), so a reader in another process sees new commits; the
 tip's folders are mirrored in memory (loaded once per folder, updated by this object's own commits) and
@@ -49,6 +57,8 @@ from pathlib import Path
 import pygit2
 
 from croqq.errors import ConfigError, InvalidRecordError, RetryableError
+from croqq.store._fsync import fsync_path
+from croqq.store._locks import LockJournal
 from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, PackStack, Sink, Trees
 
 log = logging.getLogger(__name__)
@@ -108,6 +118,14 @@ def _index_add(index: pygit2.Index, path: str, oid: pygit2.Oid, full: Path) -> N
         index.add(entry)
 
 
+def _libgit2_fsync(on: bool) -> None:
+    """libgit2's process-wide switch to fsync the files it writes and their folders; a repository's
+    reference store reads it when the repository is opened, so it is set before every open."""
+    option = getattr(pygit2, "GIT_OPT_ENABLE_FSYNC_GITDIR", None)
+    if option is not None:
+        pygit2.option(option, on)
+
+
 def _commit_body(tree: pygit2.Oid, parent: pygit2.Oid | None, message: str) -> bytes:
     """A commit object's body, authored and committed by the writer now (UTC)."""
     stamp = f"{AUTHOR_NAME} <{AUTHOR_EMAIL}> {int(time.time())} +0000"
@@ -127,15 +145,27 @@ class GitRepo:
         *,
         create: bool = True,
         index_flush_s: float = 1.0,
+        fsync: bool = True,
+        owner: str | None = None,
+        previous_gone: Callable[[str], bool] | None = None,
     ) -> None:
+        """``fsync``: make each commit durable before it returns (see the module docstring). ``owner``:
+        the writer's lease owner token, given only by a lease holder; it records the locks this object
+        takes and deletes the one a killed previous writer left when ``previous_gone(its owner)`` says
+        that writer's lease is no longer held (``croqq.store._locks``)."""
         self.path = Path(path)
         self.branch = branch
         self.refname = f"refs/heads/{branch}"
         self.index_flush_s = index_flush_s
+        self.fsync = fsync
         self._repo = self._open(create)
+        gitdir = Path(self._repo.path)
+        self._journal = (
+            LockJournal.claim(gitdir, owner, previous_gone or (lambda _: False), fsync) if owner else None
+        )
         self._tip: pygit2.Oid | None = None
         self._trees = Trees(self._object, None)
-        self._packs = PackStack(Path(self._repo.path) / "objects" / "pack") if self._packable() else None
+        self._packs = PackStack(gitdir / "objects" / "pack", fsync=fsync) if self._packable() else None
         self._blobs: OrderedDict[pygit2.Oid, bytes] = OrderedDict()
         self._blob_bytes = 0
         self._pending: dict[str, tuple[str, pygit2.Oid | None, bytes | None]] = {}
@@ -144,6 +174,7 @@ class GitRepo:
         self._closed = False
         self._frozen = False
         self.before_ref_move: Callable[[], None] | None = None
+        self.after_commit: Callable[[], None] | None = None  # e.g. wake the pusher (never blocks)
         self._refresh()
         if self._tip is None and create:
             self._initial_commit()
@@ -161,6 +192,7 @@ class GitRepo:
     # -- opening ------------------------------------------------------------------------------------
 
     def _open(self, create: bool) -> pygit2.Repository:
+        _libgit2_fsync(self.fsync)
         try:  # NO_SEARCH: never pick up an enclosing repo (the results repo may live inside a project)
             return pygit2.Repository(str(self.path), flags=pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
         except pygit2.GitError as exc:
@@ -184,21 +216,23 @@ class GitRepo:
         return fmt == "sha1" and (Path(self._repo.path) / "objects" / "pack").is_dir()
 
     def _sink(self) -> Sink:
-        return PackSink(self._packs.folder) if self._packs is not None else LibgitSink(self._repo)
+        if self._packs is not None:
+            return PackSink(self._packs.folder, self.fsync)
+        return LibgitSink(self._repo, self.fsync)
 
     def _reopen(self) -> None:
         """A fresh libgit2 handle (after packs were merged away: forget the removed files)."""
         self._repo.free()
+        _libgit2_fsync(self.fsync)
         self._repo = pygit2.Repository(str(self.path), flags=pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
 
     def _initial_commit(self) -> None:
-        empty = self._repo.TreeBuilder().write()
-        sig = self._signature()
-        oid = self._repo.create_commit(None, sig, sig, "croqq: initialize results repo\n", empty, [])
-        try:
-            self._repo.references.create(self.refname, oid, force=False)
-        except (pygit2.GitError, ValueError, OSError) as exc:
-            raise RetryableError(f"{self.path}: could not create branch {self.branch}: {exc}") from exc
+        sink = self._sink()
+        subject = "croqq: initialize results repo"
+        oid = sink.add(b"commit", _commit_body(sink.add(b"tree", b"", 0), None, subject + "\n"))
+        pack = sink.flush()
+        self._move_ref(oid, None, subject)
+        self._adopt(pack, sink)
         self._refresh()
 
     def _worktree_follows_branch(self) -> bool:
@@ -331,7 +365,7 @@ class GitRepo:
             return str(base)
         text = message if message.endswith("\n") else message + "\n"
         oid = sink.add(b"commit", _commit_body(tree, base, text))
-        pack = sink.flush()
+        pack = sink.flush()  # durable on return (fsync)
         if self.before_ref_move is not None:
             self.before_ref_move()  # a test hook: chaos tests kill the writer here
         self._move_ref(oid, base, text.split("\n", 1)[0])
@@ -340,26 +374,37 @@ class GitRepo:
         self._trees.merge(staged, tree)
         for blob, data in staged.blobs.items():
             self._remember(blob, data)
+        self._adopt(pack, sink)
+        if self.sync_worktree:
+            self._sync_files(changes, folders)
+        if self.after_commit is not None:
+            self.after_commit()
+        return str(oid)
+
+    def _adopt(self, pack: Path | None, sink: Sink) -> None:
+        """Hand a commit's new pack to the background merger (reopening when it merged many away)."""
         entries = sink.entries if isinstance(sink, PackSink) else None
         if pack is not None and self._packs is not None and self._packs.push(pack, entries):
             self._reopen()
-        if self.sync_worktree:
-            self._sync_files(changes, folders)
-        return str(oid)
+
+    def _locked(self, lock: str) -> contextlib.AbstractContextManager[None]:
+        """Around a libgit2 call that takes ``<gitdir>/<lock>``: recorded for the next writer's start-up."""
+        return self._journal.taking(lock) if self._journal is not None else contextlib.nullcontext()
 
     def _move_ref(self, new: pygit2.Oid, old: pygit2.Oid | None, subject: str) -> None:
         """Compare-and-swap the branch from ``old`` to ``new`` (libgit2 checks the new commit exists: a
-        handle that has not noticed the commit's new pack yet is reopened once)."""
+        handle that has not noticed the commit's new pack yet is reopened once), then make it durable."""
         for attempt in (1, 2):
             try:
-                if old is None:
-                    self._repo.references.create(self.refname, new, force=False)
-                else:
-                    ref = self._repo.lookup_reference(self.refname)
-                    if ref.target != old:
-                        raise RetryableError(f"{self.path}: {self.refname} is no longer at {old}")
-                    ref.set_target(new, f"commit: {subject}")
-                return
+                with self._locked(f"{self.refname}.lock"):
+                    if old is None:
+                        self._repo.references.create(self.refname, new, force=False)
+                    else:
+                        ref = self._repo.lookup_reference(self.refname)
+                        if ref.target != old:
+                            raise RetryableError(f"{self.path}: {self.refname} is no longer at {old}")
+                        ref.set_target(new, f"commit: {subject}")
+                break
             except (pygit2.GitError, ValueError, OSError) as exc:
                 if attempt == 1 and self._ref_target() == old and new not in self._repo.odb:
                     self._reopen()
@@ -369,9 +414,21 @@ class GitRepo:
             except RetryableError:
                 self._refresh()
                 raise
+        if self.fsync:
+            self._sync_ref()
 
-    def _signature(self) -> pygit2.Signature:
-        return pygit2.Signature(AUTHOR_NAME, AUTHOR_EMAIL)
+    def _sync_ref(self) -> None:
+        """fsync the moved ref's file and folder (and its reflog, when the repo keeps one)."""
+        ref = Path(self._repo.path) / self.refname
+        try:
+            fsync_path(ref)
+            fsync_path(ref.parent)
+            reflog = Path(self._repo.path) / "logs" / self.refname
+            if reflog.exists():
+                fsync_path(reflog)
+        except OSError as exc:
+            self._refresh()
+            raise RetryableError(f"{self.path}: {self.refname} moved but may not be durable: {exc}") from exc
 
     # -- working tree and index ---------------------------------------------------------------------
 
@@ -441,7 +498,8 @@ class GitRepo:
                 else:
                     with contextlib.suppress(OSError, KeyError):
                         self._index.remove(path)
-            self._index.write()
+            with self._locked("index.lock"):
+                self._index.write()
         except (pygit2.GitError, OSError) as exc:
             log.warning("%s: index update postponed (%s)", self.path, exc)
             return
@@ -470,24 +528,6 @@ class GitRepo:
 
     # -- maintenance --------------------------------------------------------------------------------
 
-    def remove_stale_locks(self) -> list[str]:
-        """Delete ``*.lock`` files under .git that a killed process left behind (index.lock, the branch's
-        ref lock, HEAD.lock, packed-refs.lock, ...). Call it ONLY while holding the writer lease: a lock
-        file of a live git process must never be removed. Returns the removed paths (relative to .git)."""
-        gitdir = Path(self._repo.path)
-        removed = []
-        for dirpath, dirnames, filenames in os.walk(gitdir):
-            if Path(dirpath) == gitdir and "objects" in dirnames:
-                dirnames.remove("objects")
-            for name in filenames:
-                if name.endswith(".lock"):
-                    lock = Path(dirpath) / name
-                    lock.unlink(missing_ok=True)
-                    removed.append(lock.relative_to(gitdir).as_posix())
-        if removed:
-            log.warning("%s: removed stale lock file(s): %s", self.path, ", ".join(sorted(removed)))
-        return sorted(removed)
-
     def push(self, remote: str) -> None:
         """Push the branch to ``remote`` (a name or URL) with the git CLI; never forces."""
         spec = f"{self.refname}:{self.refname}"
@@ -511,6 +551,8 @@ class GitRepo:
         self.sync_index()
         if self._packs is not None:
             self._packs.close()
+        if self._journal is not None:
+            self._journal.close()
         self._repo.free()
         self._closed = True
 

@@ -199,20 +199,6 @@ def test_without_worktree_sync_only_the_branch_changes(tmp_path: Path) -> None:
     assert git(repo.path, "show", "main:a.txt") == "1"
 
 
-def test_stale_lock_files_are_removed(repo: GitRepo) -> None:
-    gitdir = repo.path / ".git"
-    for lock in ("index.lock", "HEAD.lock", "refs/heads/main.lock"):
-        (gitdir / lock).write_text("")
-    with pytest.raises(RetryableError):
-        repo.commit({"a.txt": b"1"}, "blocked by the ref lock")
-    removed = repo.remove_stale_locks()
-    assert removed == ["HEAD.lock", "index.lock", "refs/heads/main.lock"]
-    assert not list(gitdir.rglob("*.lock"))
-    repo.commit({"a.txt": b"1"}, "works again")
-    repo.close()
-    assert git(repo.path, "status", "--porcelain") == ""
-
-
 def test_push_sends_the_branch_to_the_remote(repo: GitRepo, tmp_path: Path) -> None:
     remote = tmp_path / "remote.git"
     pygit2.init_repository(str(remote), bare=True)
