@@ -1,5 +1,5 @@
-"""`python -m croqq.bench [--only writer,sweep,duty,recovery,source,agent] [--out bench/results.json]`: all
-benchmarks."""
+"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,source,agent]
+[--out bench/results.json]`: all benchmarks."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from croqq.bench import agent_bench, cluster_bench, writer_bench
+from croqq.bench import agent_bench, cluster_bench, redis_bench, writer_bench
 from croqq.logs import configure
 
 log = logging.getLogger("croqq.bench")
-PARTS = ("writer", "sweep", "duty", "recovery", "source", "agent")
+PARTS = ("writer", "sweep", "duty", "recovery", "redis", "source", "agent")
 
 
 def main() -> None:
@@ -46,6 +46,9 @@ def main() -> None:
         if "recovery" in parts:
             log.info("recovery benchmark (each worker kind killed mid-step, lease TTL 10 s) ...")
             results |= cluster_bench.recovery(work / "recovery")
+        if "redis" in parts:
+            log.info("Redis restart benchmark (embedded Redis SIGKILLed mid-run under the supervisor) ...")
+            results |= redis_bench.redis_restart(work / "redis")
         if "duty" in parts:
             log.info("GPU duty-cycle benchmark (4 simulated GPUs, pipelined vs sequential) ...")
             results |= cluster_bench.duty_cycle(work / "duty")

