@@ -25,6 +25,10 @@ class InvalidRecordError(TerminalError):
     """A file in the results repo or a message payload does not match its schema."""
 
 
+class StoreGapError(InvalidRecordError):
+    """A STORE whose iteration would leave a gap after the repo's last one: the live loop is ahead of git."""
+
+
 class IllegalTransitionError(TerminalError):
     """The shape FSM received an event that its current state does not accept."""
 

@@ -119,6 +119,11 @@ class Settings(BaseSettings):
         60.0, gt=0, description="A GPU whose worker is gone this long releases its shapes."
     )
     recheck_every_s: float = Field(30.0, gt=0, description="Re-probe quarantined GPUs this often.")
+    git_reconcile_every_s: float = Field(
+        60.0,
+        gt=0,
+        description="Reconcile live state against the results repo this often (and after Redis restarts).",
+    )
     max_step_failures: int = Field(
         3, ge=1, description="Unexpected errors before a shape is parked as 'error'."
     )

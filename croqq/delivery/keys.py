@@ -21,9 +21,12 @@ croqq:overhead                 list    per-iteration control-plane overhead in m
 croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
 croqq:submission:<id>          string  JSON list of the sids of one submit
 croqq:submissions              list    submission ids, newest last
+croqq:submitted:<id>           string  JSON SubmitMessage of a submission the writer has not recorded yet
+croqq:unrecorded               zset    submission ids not yet in the results repo, score = submit time
 croqq:simfault:<uuid>          hash    simulated GPU faults: kind -> JSON {"until": ts|null, "value": int}
 croqq:barrier:<name>           string  test barriers (a step blocks while the key exists)
 croqq:tick:<name>              string  rate limiter for periodic housekeeping (PX = period)
+croqq:redis_run                string  the Redis run id live state was last reconciled against git under
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ WORKERS = f"{PREFIX}:workers"
 STATS = f"{PREFIX}:stats"
 SUBMISSIONS = f"{PREFIX}:submissions"
 OVERHEAD = f"{PREFIX}:overhead"
+REDIS_RUN = f"{PREFIX}:redis_run"
 
 STEP_TTL_S = 6 * 3600  # finished step records linger this long to drop late duplicate messages
 
@@ -97,6 +101,13 @@ def gpu_busy(uuid: str) -> str:
 
 def submission(sub_id: str) -> str:
     return f"{PREFIX}:submission:{sub_id}"
+
+
+UNRECORDED = f"{PREFIX}:unrecorded"
+
+
+def submitted(sub_id: str) -> str:
+    return f"{PREFIX}:submitted:{sub_id}"
 
 
 def simfault(uuid: str) -> str:

@@ -19,6 +19,7 @@ Each shape has at most one step in flight. A step record (``croqq:step:<id>``) m
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -187,7 +188,7 @@ class Ledger:
         state.step_seq += 1
         now = time.time()
         record = StepRecord(
-            step_id=f"{state.sid}#{state.step_seq}",
+            step_id=f"{state.sid}#{state.step_seq}.{secrets.token_hex(4)}",  # unique even if Redis forgets
             sid=state.sid,
             kind=kind,
             epoch=0,

@@ -30,6 +30,7 @@ TASK_FILL = "croqq.control.fill"
 TASK_RECONCILE = "croqq.control.reconcile"
 TASK_SUMMARY = "croqq.store.summary"
 TASK_FLUSH = "croqq.store.flush"
+TASK_RECORD = "croqq.store.record_submissions"
 TASK_GPU_RECHECK = "croqq.gpu.recheck"
 
 STEP_TASK: dict[str, str] = {

@@ -171,8 +171,10 @@ class Loop(BaseModel):
 
 
 class Resynced(_Event):
-    """STORE found its iteration already committed by an earlier epoch (a cold start raced an in-flight
-    STORE): the loop is replaced by the one the results repo holds."""
+    """STORE found the results repo disagreeing with the live loop: its iteration (or attempt) already
+    committed by another step (Redis lost its tail and the loop re-ran, or a cold start raced an
+    in-flight STORE), or a gap (the repo lost commits the loop counted). The repo wins: the loop is
+    replaced by the one its checkpoint holds."""
 
     type: Literal["resynced"] = "resynced"
     loop: Loop
@@ -343,9 +345,7 @@ def transition(loop: Loop, event: _Event) -> Loop:
     if isinstance(event, Stored) and phase == Phase.STORE:
         return _stored(loop, event)
     if isinstance(event, Resynced) and phase == Phase.STORE and loop.pending is not None:
-        if event.loop.current_iter < (loop.pending.iteration or 0):
-            raise IllegalTransitionError("a resync must not go back before the pending iteration")
-        return event.loop
+        return event.loop  # git is the truth: ahead of the live loop, or behind it (Redis forgot, or git did)
     if isinstance(event, Reopen) and phase == Phase.DONE:
         if event.max_iter <= loop.current_iter:
             raise IllegalTransitionError(f"reopen needs max_iter > {loop.current_iter}, got {event.max_iter}")

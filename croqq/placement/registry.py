@@ -48,6 +48,14 @@ def register_gpu(client: redis.Redis, entry: GpuEntry) -> None:
     client.sadd(keys.GPUS, entry.uuid)
 
 
+def is_registered(client: redis.Redis, uuid: str) -> bool:
+    """The GPU's entry is whole and listed (a step's bookkeeping may have re-created part of a lost one)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.sismember(keys.GPUS, uuid)
+    pipe.hexists(keys.gpu(uuid), "queue")
+    return all(pipe.execute())
+
+
 def get_gpu(client: redis.Redis, uuid: str) -> GpuEntry | None:
     data = client.hgetall(keys.gpu(uuid))
     return GpuEntry.model_validate(data) if data else None

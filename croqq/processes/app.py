@@ -18,6 +18,7 @@ from croqq.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 5.0
+RECORD_EVERY_S = 1.0  # a submission is durable (in the results repo) within about this long
 
 
 def visibility_timeout_s(settings: Settings) -> int:
@@ -38,6 +39,11 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
             "task": queues.TASK_FLUSH,
             "schedule": timedelta(seconds=FLUSH_EVERY_S),
             "options": {"queue": queues.STORE, "expires": 2 * FLUSH_EVERY_S},
+        },
+        "record": {
+            "task": queues.TASK_RECORD,
+            "schedule": timedelta(seconds=RECORD_EVERY_S),
+            "options": {"queue": queues.STORE, "expires": 2 * RECORD_EVERY_S},
         },
         "summary": {
             "task": queues.TASK_SUMMARY,
@@ -99,6 +105,13 @@ def configure(settings: Settings) -> None:
         pool.force_close_all()
         app._pool = None
     app.amqp._producer_pool = None
+
+
+def declare_queue(name: str) -> None:
+    """Declare a queue and its binding again (a Redis that forgot them routes its messages nowhere)."""
+    queue = app.amqp.queues[name]
+    with app.connection_for_write() as conn:
+        queue.bind(conn.default_channel).declare()
 
 
 class QueueResetStep(bootsteps.StartStopStep):

@@ -18,6 +18,8 @@ import os
 import socket
 from collections.abc import Callable
 
+import redis
+
 from croqq.delivery import keys, queues
 from croqq.delivery.leases import Heartbeat, Lease, owner_id
 from croqq.delivery.redis_client import connect
@@ -93,7 +95,7 @@ def run_celery_worker(
     if reclaimed:
         log.warning("re-queued %d step(s) left running by dead processes of this host", reclaimed)
     hb = Heartbeat(settings.lease_ttl_s / 4, name=f"croqq-{role}-heartbeat")
-    hb.add("worker", lambda: registry.beat_worker(client, node_name))
+    hb.add("worker", lambda: _beat_worker(client, node_name, queue, role))
     if lease is not None:
         hb.add("lease", lambda: _renew_or_die(lease, role))
     if extra_beats is not None:
@@ -108,6 +110,21 @@ def run_celery_worker(
         registry.unregister_worker(client, node_name)
         if lease is not None:
             lease.release()
+
+
+def _beat_worker(client: redis.Redis, node: str, queue: str, role: str) -> None:
+    """Beat into the worker registry; a Redis that forgot this worker (flushed, restored from an older
+    snapshot) also forgot its queue's binding: declare it again, and have housekeeping re-publish the
+    steps queued meanwhile."""
+    if client.exists(keys.worker(node)):
+        registry.beat_worker(client, node)
+        return
+    from croqq.processes.app import declare_queue
+
+    log.warning("Redis no longer knows worker %s: declaring queue %s again", node, queue)
+    declare_queue(queue)
+    registry.register_worker(client, node, [queue], role)
+    registry.mark_queues_reset(client, [queue])
 
 
 def _renew_or_die(lease: Lease, role: str) -> None:
@@ -163,7 +180,7 @@ def _renew_gpu(client: object, lease: Lease, entry: registry.GpuEntry) -> None:
             lease.client.get(lease.key),
         )
         return
-    if not lease.client.exists(keys.gpu(entry.uuid)):
+    if not registry.is_registered(lease.client, entry.uuid):  # Redis forgot (a flush, an old snapshot)
         registry.register_gpu(lease.client, entry)
 
 

@@ -107,6 +107,15 @@ def flush() -> bool:
     return True
 
 
+@app.task(name=queues.TASK_RECORD)
+def record_submissions() -> int:
+    """Commit the submissions the results repo does not hold yet (the writer's queue)."""
+    from croqq.work.intake import record_submissions as record
+
+    rt = get_runtime()
+    return record(rt.client, rt.writer)
+
+
 @app.task(name=queues.TASK_GPU_RECHECK)
 def gpu_recheck(payload: Any) -> bool:
     """Health sweep for a quarantined GPU: back in service when the probe finds it healthy."""

@@ -6,9 +6,11 @@
 - otherwise: reset every shape that is not done-and-complete (``status == done`` and
   ``current_iter >= max_iter`` in its checkpoint): "all active state". Complete shapes are kept.
 
-Resetting a shape removes its files (``RunPaths.shape_files``) and its state.json entry. Nothing else
-changes: the best-kernel registry and compaction-summary.md are left as they are (the summary is
-refreshed by the writer's next summary pass). The caller must be the writer (hold its lease).
+Resetting a shape removes its files (``RunPaths.shape_files``) and its state.json entry; resetting all
+active state also removes the run's submissions.jsonl (nothing submitted is pending any more, so a Redis
+that forgets does not bring the shapes back). Nothing else changes: the best-kernel registry and
+compaction-summary.md are left as they are (the summary is refreshed by the writer's next summary pass).
+The caller must be the writer (hold its lease).
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ def _reset_changes(repo: GitRepo, targets: list[ShapeRef], rebuild: bool) -> dic
         state = _state_without(repo, run, keys, rebuild)
         if state is not None:
             changes[run.state_json] = state
+        if rebuild and repo.exists(run.submissions):  # all active state goes: no submission is pending
+            changes[run.submissions] = None
     return changes
 
 

@@ -22,6 +22,7 @@ from croqq.store.schema import (
     IdeaEntry,
     RoundRecord,
     StateFile,
+    SubmissionRecord,
 )
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,12 @@ def list_runs(repo: GitRepo) -> list[tuple[str, str]]:
         for dsl in repo.list_dir(f"{paths.TUNING}/{gpu}")
         if repo.is_dir(f"{paths.TUNING}/{gpu}/{dsl}")
     ]
+
+
+def load_submissions(repo: GitRepo, gpu: str, dsl: str) -> list[SubmissionRecord]:
+    path = paths.RunPaths(gpu, dsl).submissions
+    data = repo.read(path)
+    return parse_jsonl(data, SubmissionRecord, path) if data is not None else []
 
 
 def load_ideas(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[IdeaEntry]:

@@ -1,6 +1,7 @@
 """Every path inside the results repo, built in one place (all repo-relative, POSIX separators).
 
 tuning/<gpu>/<dsl>/state.json
+tuning/<gpu>/<dsl>/submissions.jsonl
 tuning/<gpu>/<dsl>/compaction-summary.md
 tuning/<gpu>/<dsl>/logs/<key>/results.tsv
 tuning/<gpu>/<dsl>/logs/<key>/attempts.jsonl
@@ -42,6 +43,10 @@ class RunPaths:
     @property
     def state_json(self) -> str:
         return f"{self.root}/state.json"
+
+    @property
+    def submissions(self) -> str:
+        return f"{self.root}/submissions.jsonl"
 
     @property
     def summary_md(self) -> str:

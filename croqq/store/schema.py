@@ -11,6 +11,7 @@ from typing import Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile, RejectionKind
+from croqq.domain.schedule import ScheduledShape
 
 SCHEMA_VERSION: Final = 1
 RESULTS_COLUMNS = (
@@ -178,6 +179,19 @@ class StoreRequest(_Schema):
     complete: bool = Field(False, description="This STORE completes the shape: register its best kernel.")
     best_source: str = Field("", description="Logical source of the best kernel, when complete.")
     best_headers: dict[str, str] = Field(default_factory=dict)
+
+
+class SubmissionRecord(_Schema):
+    """One line of submissions.jsonl: what a `croqq submit` asked for, so that a Redis that forgot it
+    (flushed, restored from an older snapshot) can be given every submitted shape again."""
+
+    submission: str
+    gpu_type: str
+    dsl: str
+    mode: str
+    max_iter: int = Field(gt=0)
+    shapes: list[ScheduledShape]
+    timestamp: str
 
 
 class StoreReceipt(_Schema):

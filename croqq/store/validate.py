@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from croqq.errors import ConfigError, InvalidRecordError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
-from croqq.store.load import list_runs, parse_json, parse_jsonl
+from croqq.store.load import list_runs, load_submissions, parse_json, parse_jsonl
 from croqq.store.render import parse_tsv
 from croqq.store.schema import (
     AttemptRecord,
@@ -172,6 +172,7 @@ class _RunCheck:
                 self.add(dirs[key], "files of a shape with neither checkpoint nor state entry", key)
                 continue
             self.shape(key, entries.get(key), ckpts.get(key), key in ckpt_files, state is not None)
+        self._parse(None, load_submissions, self.repo, self.run.gpu, self.run.dsl)
         return self.problems
 
     def shape(

@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from croqq.domain import source
-from croqq.errors import InvalidRecordError
+from croqq.errors import InvalidRecordError, StoreGapError
 from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo, blob_id_of
-from croqq.store.load import load_checkpoint, load_state, parse_json
+from croqq.store.load import load_checkpoint, load_state, parse_json, parse_jsonl
 from croqq.store.schema import (
     AttemptRecord,
     Checkpoint,
@@ -44,6 +44,7 @@ from croqq.store.schema import (
     StateFile,
     StoreReceipt,
     StoreRequest,
+    SubmissionRecord,
 )
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,10 @@ def _is_stored(draft: _Draft, req: StoreRequest) -> bool:
     if req.round.iteration <= done:
         return True
     if req.round.iteration != done + 1:
-        raise _refuse(req, f"iteration {req.round.iteration} would leave a gap after stored iteration {done}")
+        raise StoreGapError(
+            f"store request {req.step_id} ({req.key}): iteration {req.round.iteration} would leave a gap "
+            f"after stored iteration {done}"
+        )
     return False
 
 
@@ -363,6 +367,26 @@ class ResultsWriter:
             for r, new in zip(reqs, fresh, strict=True)
         ]
 
+    def record_submissions(self, records: Sequence[SubmissionRecord]) -> str | None:
+        """Append the submissions not yet in their run's submissions.jsonl, in one commit (None: all of
+        them were there already)."""
+        draft = _Draft(self.repo, self._state_cache)
+        new: list[SubmissionRecord] = []
+        for rec in records:
+            path = paths.RunPaths(rec.gpu_type, rec.dsl).submissions
+            _check_names_of(rec)
+            known = {r.submission for r in parse_jsonl(draft.read(path) or b"", SubmissionRecord, path)}
+            if rec.submission not in known:
+                draft.append(path, rec.model_dump_json() + "\n")
+                new.append(rec)
+        if not new:
+            return None
+        shapes = sum(len(r.shapes) for r in new)
+        subject = f"submit: {', '.join(r.submission for r in new)} ({shapes} shape(s))"
+        commit = self.repo.commit(draft.finish(), subject)
+        log.info("recorded %s as %s", subject, commit[:12])
+        return commit
+
     def close(self) -> None:
         """Flush the index and finish pending pack merges (see GitRepo.close)."""
         self.repo.close()
@@ -390,6 +414,14 @@ class ResultsWriter:
                 )
         self.repo.sync_index()
         return commit
+
+
+def _check_names_of(rec: SubmissionRecord) -> None:
+    for what, value in {"gpu": rec.gpu_type, "dsl": rec.dsl}.items():
+        if not _NAME.match(value) or ".." in value:
+            raise InvalidRecordError(
+                f"submission {rec.submission}: {what} {value!r} is not a safe path component"
+            )
 
 
 def _label(req: StoreRequest) -> str:

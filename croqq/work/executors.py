@@ -28,13 +28,14 @@ from croqq.domain.knobs import Candidate, seed_knobs
 from croqq.domain.phases import next_phase
 from croqq.domain.records import BuildOutcome, Idea
 from croqq.domain.source import SourceError, load_stored
-from croqq.errors import IllegalTransitionError, TerminalError
+from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.processes.runtime import Runtime
 from croqq.proposers._base import ProposeContext
+from croqq.store.schema import StoreRequest
 from croqq.work import agents
 from croqq.work import gpu as guard
 from croqq.work import history as hist
-from croqq.work.persist import loop_from_checkpoint, store_request
+from croqq.work.persist import resumable_loop, store_request
 
 log = logging.getLogger(__name__)
 Executor = Callable[[Runtime, ShapeState, StepMessage], object]
@@ -216,45 +217,56 @@ def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored | Resynced
     req = store_request(
         rt.manifest, rt.settings, state, msg.epoch, msg.step_id, lambda: _best_source(rt, state)
     )
-    receipt = rt.writer.apply(req)
-    if receipt.duplicate and req.round is not None:
-        resync = _resync_if_diverged(rt, state, req.round.iteration, msg.step_id)
-        if resync is not None:
-            return resync
-    what = (
-        f"iter{req.round.iteration:03d}"
-        if req.round
-        else f"attempt{req.attempt.attempt_no if req.attempt else 0}"
-    )
+    try:
+        receipt = rt.writer.apply(req)
+    except StoreGapError as exc:  # git lost commits the loop counted (or never had them): git wins
+        return _resync(rt, state, str(exc))
+    if receipt.duplicate:
+        other = _stored_by(rt, state, req)
+        if other != msg.step_id:
+            return _resync(rt, state, f"{_label(req)} was already stored by step {other or '?'}")
     log.info(
         "%s %s %s as %s",
         state.key,
-        what,
+        _label(req),
         "already stored" if receipt.duplicate else "stored",
         receipt.commit[:10],
     )
     return Stored(iteration=req.round.iteration if req.round else None)
 
 
-def _resync_if_diverged(rt: Runtime, state: ShapeState, iteration: int, step_id: str) -> Resynced | None:
-    """The repo already holds this iteration from another step (live state was rebuilt from a checkpoint
-    that an in-flight STORE then overtook): the repo wins, the loop is reloaded from its checkpoint."""
-    from croqq.store.load import load_checkpoint, load_rounds
+def _label(req: StoreRequest) -> str:
+    if req.round is not None:
+        return f"iter{req.round.iteration:03d}"
+    return f"attempt{req.attempt.attempt_no if req.attempt else 0}"
+
+
+def _stored_by(rt: Runtime, state: ShapeState, req: StoreRequest) -> str:
+    """The step id the repo recorded for this request's iteration or attempt ('' if none)."""
+    from croqq.store.load import load_attempts, load_rounds
+
+    repo, run = rt.writer.repo, (state.gpu_type, state.dsl, state.key)
+    if req.round is not None:
+        rounds = [r for r in load_rounds(repo, *run) if r.iteration == req.round.iteration]
+        return rounds[0].step_id if rounds else ""
+    assert req.attempt is not None
+    attempts = [a for a in load_attempts(repo, *run) if a.attempt_no == req.attempt.attempt_no]
+    return attempts[0].step_id if attempts else ""
+
+
+def _resync(rt: Runtime, state: ShapeState, why: str) -> Resynced:
+    """The repo and the live loop disagree: reload the loop (and the shape's history) from the repo."""
+    from croqq.store.load import load_checkpoint
 
     repo = rt.writer.repo
-    stored = [r for r in load_rounds(repo, state.gpu_type, state.dsl, state.key) if r.iteration == iteration]
-    if not stored or stored[0].step_id == step_id:
-        return None
-    ckpt = load_checkpoint(repo, state.gpu_type, state.dsl, state.key)
-    if ckpt is None:
-        return None
-    log.warning(
-        "%s iter%03d was already stored by %s; reloading the loop from the checkpoint",
-        state.key,
-        iteration,
-        stored[0].step_id,
+    loop = resumable_loop(
+        load_checkpoint(repo, state.gpu_type, state.dsl, state.key), rt.settings, state.loop.max_iter
     )
-    return Resynced(loop=loop_from_checkpoint(ckpt, rt.settings, state.loop.max_iter))
+    hist.rebuild(rt.client, repo, state.sid)
+    log.warning(
+        "%s: %s; the repo wins, the loop resumes after iteration %d", state.key, why, loop.current_iter
+    )
+    return Resynced(loop=loop)
 
 
 EXECUTORS: dict[str, Executor] = {

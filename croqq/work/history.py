@@ -7,16 +7,19 @@ adding one. A cold start rebuilds it from the results repo (:func:`entries_from_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from croqq.delivery import keys
-from croqq.delivery.state import ShapeState
+from croqq.delivery.state import ShapeState, split_sid
 from croqq.domain.decide import BASELINE
 from croqq.domain.fsm import Stored
 from croqq.domain.records import HistoryEntry
 from croqq.store.schema import AttemptRecord, RoundRecord
+
+if TYPE_CHECKING:
+    from croqq.store.gitrepo import GitRepo
 
 EXCERPT = 400
 
@@ -93,3 +96,18 @@ def entries_from_repo(rounds: list[RoundRecord], attempts: list[AttemptRecord]) 
 def save(client: redis.Redis, sid: str, entries: list[HistoryEntry]) -> None:
     if entries:
         client.hset(keys.history(sid), mapping={e.field: e.model_dump_json() for e in entries})
+
+
+def rebuild(client: redis.Redis, repo: GitRepo, sid: str) -> None:
+    """Replace the shape's history by what the results repo holds (git is the truth)."""
+    from croqq.store.load import load_attempts, load_rounds
+
+    gpu_type, dsl, key = split_sid(sid)
+    entries = entries_from_repo(
+        load_rounds(repo, gpu_type, dsl, key), load_attempts(repo, gpu_type, dsl, key)
+    )
+    pipe = client.pipeline()
+    pipe.delete(keys.history(sid))
+    if entries:
+        pipe.hset(keys.history(sid), mapping={e.field: e.model_dump_json() for e in entries})
+    pipe.execute()

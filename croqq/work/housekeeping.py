@@ -4,7 +4,8 @@ are harmless (every repair is a Redis transaction that re-checks its premise).
 Each tick: re-queue steps whose lease expired (epoch + 1), publish outbox entries a crash left behind,
 forget dead workers and re-publish steps queued before their consumer died, release the shapes of GPUs
 whose worker is gone for good, re-probe quarantined GPUs, repair shapes left without a step, fill GPUs,
-and on a cold start (Redis emptied) rebuild live state from the results repo.
+and after a Redis restart, restore or flush, and on a schedule, reconcile live state against the results
+repo (:mod:`croqq.work.reconcile`: git is the truth).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase
 from croqq.placement import registry
 from croqq.processes.runtime import Runtime
+from croqq.work.reconcile import reconcile as with_git
+from croqq.work.reconcile import redis_forgot
 
 log = logging.getLogger(__name__)
 OUTBOX_GRACE_S = 2.0
@@ -33,9 +36,9 @@ def _every(rt: Runtime, name: str, seconds: float) -> bool:
 
 
 def reconcile(rt: Runtime) -> dict[str, int]:
-    out: dict[str, int] = {"rebuilt": 0}
-    if not rt.client.exists(keys.SHAPES) and _every(rt, "rebuild", 30.0):
-        out["rebuilt"] = rebuild(rt)
+    out: dict[str, int] = {}
+    if git_reconcile_due(rt):
+        out |= {f"git_{k}": v for k, v in with_git(rt).items()}
     out["expired"] = rt.ledger.expire_leases()
     out["outbox"] = rt.ledger.flush_outbox(OUTBOX_GRACE_S)
     out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
@@ -49,6 +52,16 @@ def reconcile(rt: Runtime) -> dict[str, int]:
     if any(v for k, v in out.items() if k != "placed"):
         log.info("reconcile: %s", {k: v for k, v in out.items() if v})
     return out
+
+
+def git_reconcile_due(rt: Runtime) -> bool:
+    """After a Redis restart, restore or flush (checked every tick), and on the git reconcile schedule."""
+    if redis_forgot(rt) and _every(rt, "git-reconcile-now", 2.0):
+        log.warning(
+            "Redis restarted, was restored or flushed: reconciling live state against the results repo"
+        )
+        return True
+    return _every(rt, "git-reconcile", rt.settings.git_reconcile_every_s)
 
 
 def republish_after_resets(rt: Runtime) -> int:
@@ -133,32 +146,3 @@ def _replan(rt: Runtime, sid: str) -> int:
     if fixed:
         log.warning("%s had no step in flight; planned its next step", sid)
     return int(fixed)
-
-
-def rebuild(rt: Runtime) -> int:
-    """Cold start: recreate live state from the results repo's checkpoints and state.json."""
-    from croqq.delivery.state import make_sid
-    from croqq.store.load import list_runs, load_attempts, load_rounds, load_state, tried_hashes
-    from croqq.work import history
-
-    repo = rt.results_reader()
-    if repo is None:
-        return 0
-
-    def state_keys(gpu_type: str, dsl: str) -> list[str]:
-        state = load_state(repo, gpu_type, dsl)
-        return sorted(state.shapes) if state else []
-
-    def tried(gpu_type: str, dsl: str, key: str) -> list[str]:
-        return tried_hashes(repo, gpu_type, dsl, key)
-
-    count = rt.intake.rebuild_from_repo(list_runs(repo), state_keys, tried)
-    for gpu_type, dsl in list_runs(repo) if count else []:
-        for key in state_keys(gpu_type, dsl):
-            sid = make_sid(gpu_type, dsl, key)
-            if not rt.client.exists(keys.history(sid)):
-                entries = history.entries_from_repo(
-                    load_rounds(repo, gpu_type, dsl, key), load_attempts(repo, gpu_type, dsl, key)
-                )
-                history.save(rt.client, sid, entries)
-    return count

@@ -7,23 +7,28 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from croqq.delivery import keys
 from croqq.delivery.ledger import Ledger
 from croqq.delivery.messages import SubmitMessage
+from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeState, make_sid
 from croqq.domain.fsm import Loop, Phase, Reopen, transition
 from croqq.domain.manifest import Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule
 from croqq.placement.assign import Placement, release_gpu
 from croqq.settings import Settings
-from croqq.store.schema import Checkpoint
-from croqq.work.persist import loop_from_checkpoint
+from croqq.store.schema import Checkpoint, SubmissionRecord
+from croqq.work.persist import loop_from_checkpoint, now_iso
+
+if TYPE_CHECKING:
+    from croqq.store.writer import ResultsWriter
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +76,8 @@ class Intake:
         pipe = self.client.pipeline()
         pipe.set(keys.submission(msg.submission), json.dumps(report.sids))
         pipe.rpush(keys.SUBMISSIONS, msg.submission)
+        pipe.set(keys.submitted(msg.submission), msg.model_dump_json())  # until the writer records it
+        pipe.zadd(keys.UNRECORDED, {msg.submission: time.time()})
         pipe.execute()
         log.info(
             "submission %s: %d new, %d resumed, %d reopened, %d already complete",
@@ -143,6 +150,33 @@ class Intake:
 
         return str(self.ledger.txn.run([keys.shape(sid)], body))
 
+    def register_recorded(self, records: list[SubmissionRecord]) -> int:
+        """Register again the shapes of recorded submissions that Redis no longer knows (it was flushed
+        or restored from an older snapshot); returns how many."""
+        count = 0
+        for rec in records:
+            missing = [
+                s
+                for s in rec.shapes
+                if not self.client.exists(keys.shape(make_sid(rec.gpu_type, rec.dsl, s.key)))
+            ]
+            if not missing:
+                continue
+            msg = SubmitMessage(
+                submission=rec.submission,
+                gpu_type=rec.gpu_type,
+                dsl=rec.dsl,
+                mode=rec.mode,
+                max_iter=rec.max_iter,
+                shapes=missing,
+            )
+            for entry in missing:
+                self._register(make_sid(rec.gpu_type, rec.dsl, entry.key), entry, msg)
+            count += len(missing)
+        if count:
+            log.warning("registered %d shape(s) of recorded submissions that Redis had forgotten", count)
+        return count
+
     # -- cold start ------------------------------------------------------------------------------------
 
     def rebuild_from_repo(
@@ -151,7 +185,8 @@ class Intake:
         state_keys: Callable[[str, str], list[str]],
         tried: Callable[[str, str, str], list[str]],
     ) -> int:
-        """Recreate live state for every incomplete shape recorded in the results repo (Redis was emptied)."""
+        """Register the shapes ``state_keys`` names from their checkpoints (Redis forgot them); returns how
+        many resume (the others are complete)."""
         if self.checkpoints is None:
             return 0
         ranks = {s.key: s for s in build_schedule(self.manifest, "all")}
@@ -185,5 +220,41 @@ class Intake:
                     if hashes:
                         self.client.sadd(keys.ideas(sid), *hashes)
                     count += 1
-        log.warning("cold start: rebuilt live state of %d shape(s) from the results repo", count)
+        if count:
+            log.warning("rebuilt the live state of %d shape(s) from the results repo", count)
         return count
+
+
+def record_submissions(client: redis.Redis, writer: ResultsWriter) -> int:
+    """The writer's part (its queue, every few seconds): commit to the results repo the submissions Redis
+    holds but the repo does not yet, then forget them in Redis. Returns how many were recorded."""
+    ids = strs(client.zrange(keys.UNRECORDED, 0, -1))
+    if not ids:
+        return 0
+    records = []
+    for raw in client.mget([keys.submitted(i) for i in ids]):
+        if raw is None:
+            continue
+        msg = SubmitMessage.model_validate_json(raw)
+        records.append(
+            SubmissionRecord(
+                submission=msg.submission,
+                gpu_type=msg.gpu_type,
+                dsl=msg.dsl,
+                mode=msg.mode,
+                max_iter=msg.max_iter,
+                shapes=list(msg.shapes),
+                timestamp=now_iso(),
+            )
+        )
+    writer.record_submissions(records)
+    pipe = client.pipeline()
+    pipe.zrem(keys.UNRECORDED, *ids)
+    pipe.delete(*[keys.submitted(i) for i in ids])
+    pipe.execute()
+    return len(records)
+
+
+def recorded(client: redis.Redis, sub_id: str) -> bool:
+    """True once the writer has recorded the submission in the results repo."""
+    return client.zscore(keys.UNRECORDED, sub_id) is None

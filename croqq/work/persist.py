@@ -12,7 +12,7 @@ from collections.abc import Callable
 from croqq.delivery.state import ShapeState
 from croqq.domain import source as src
 from croqq.domain.decide import BASELINE
-from croqq.domain.fsm import Loop, Phase
+from croqq.domain.fsm import Loop, Phase, Start, transition
 from croqq.domain.knobs import include_resolver
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import Measurement, MeasureResult
@@ -198,6 +198,18 @@ def loop_from_checkpoint(ckpt: Checkpoint, settings: Settings, max_iter: int | N
     if ckpt.current_iter >= limit:
         return base.model_copy(update={"phase": Phase.DONE})
     return base.model_copy(update={"phase": Phase.PROFILE})
+
+
+def resumable_loop(ckpt: Checkpoint | None, settings: Settings, max_iter: int) -> Loop:
+    """The loop the repo says a shape is at, ready to be stepped: after its last stored iteration, or
+    from its baseline when the repo holds nothing of it."""
+    if ckpt is not None:
+        loop = loop_from_checkpoint(ckpt, settings, max_iter)
+    else:
+        loop = Loop(
+            max_iter=max_iter, profile_every=settings.profile_every, noise_margin=settings.noise_margin
+        )
+    return transition(loop, Start()) if loop.phase == Phase.INIT else loop
 
 
 def _tag_of(kernel_path: str) -> str:

@@ -1,0 +1,205 @@
+"""Redis is a cache that may lose its tail; git is the truth.
+
+Each test runs a real cluster on its own Redis and makes that Redis forget, as a crash with
+``appendfsync no``, a restore from an old snapshot or a FLUSHALL would; or makes git forget, as a power
+loss before commits reached the disk would. The submission must then finish with no human action: every
+shape complete, each iteration stored exactly once, Redis and the files agreeing, ``croqq validate``
+clean and no shape's history reset.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from croqq.chaos.invariants import repo_problems
+from croqq.delivery import keys
+from croqq.delivery.state import ShapeSummary
+from croqq.processes.local import LocalCluster
+from croqq.processes.redis_server import RedisServer
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+SHAPES, ITERS = 6, 8
+
+
+class ForgetfulRedis(RedisServer):
+    """The product's Redis, but with ``appendfsync no`` (or loading an RDB snapshot at start)."""
+
+    load_snapshot = False
+
+    def config(self) -> str:
+        text = super().config().replace("appendfsync always", "appendfsync no")
+        return text.replace("appendonly yes", "appendonly no") if self.load_snapshot else text
+
+    def lose_tail(self, keep_bytes: int) -> int:
+        """After a kill: cut the append-only file back to ``keep_bytes`` (what reached the disk before a
+        power loss); returns the bytes lost."""
+        (aof,) = (self.dir / "appendonlydir").glob("*.incr.aof")
+        size = aof.stat().st_size
+        with aof.open("r+b") as handle:
+            handle.truncate(keep_bytes)
+        return size - keep_bytes
+
+    def aof_size(self) -> int:
+        (aof,) = (self.dir / "appendonlydir").glob("*.incr.aof")
+        return aof.stat().st_size
+
+    def restore(self, snapshot: Path) -> None:
+        """Start again from an RDB snapshot (its AOF discarded), then turn the AOF back on."""
+        shutil.rmtree(self.dir / "appendonlydir", ignore_errors=True)
+        shutil.copy(snapshot, self.dir / "dump.rdb")
+        self.load_snapshot = True
+        self.start()
+        self.load_snapshot = False
+        self.client().config_set("appendonly", "yes")
+
+
+@pytest.fixture
+def forgetful(short_tmp: Path) -> Iterator[ForgetfulRedis]:
+    server = ForgetfulRedis(short_tmp / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def env(cluster_env: dict[str, str], forgetful: ForgetfulRedis) -> dict[str, str]:
+    return cluster_env | {
+        "CROQQ_BROKER_URL": forgetful.url,
+        "CROQQ_SIM_GPUS": "3",
+        "CROQQ_TIME_SCALE": "0.002",
+        "CROQQ_TEST_BARRIERS": "false",
+        "CROQQ_GIT_RECONCILE_EVERY_S": "5",
+    }
+
+
+def stored(client: redis.Redis) -> int:
+    try:
+        return int(client.hget(keys.STATS, "stored") or 0)
+    except redis.ConnectionError:
+        return 0
+
+
+def wait_stored(cluster: LocalCluster, client: redis.Redis, more: int, timeout_s: float = 90) -> None:
+    """Until the cluster stored ``more`` iterations or attempts after now (by Redis's count)."""
+    target, deadline = stored(client) + more, time.monotonic() + timeout_s
+    while stored(client) < target:
+        assert time.monotonic() < deadline, f"no progress: {stored(client)} of {target} stored"
+        cluster.poll()
+        time.sleep(0.05)
+
+
+def wait_finished(
+    cluster: LocalCluster, client: redis.Redis, timeout_s: float = 240
+) -> dict[str, ShapeSummary]:
+    """Until every shape Redis knows is done or parked (and there are SHAPES of them); their summaries."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        raw = client.hgetall(keys.SUMMARY)
+        shapes = {sid: ShapeSummary.model_validate_json(v) for sid, v in raw.items()}
+        if len(shapes) >= SHAPES and all(s.status in ("done", "error") for s in shapes.values()):
+            return shapes
+        assert time.monotonic() < deadline, f"not finished: { {k: s.status for k, s in shapes.items()} }"
+        cluster.poll()
+        time.sleep(0.3)
+
+
+def assert_nothing_lost(env: dict[str, str], shapes: dict[str, ShapeSummary]) -> None:
+    repo = Path(env["CROQQ_RESULTS_REPO"])
+    assert {s.status for s in shapes.values()} == {"done"}, {k: s.error for k, s in shapes.items()}
+    assert repo_problems(repo) == []  # validate clean, one commit per iteration, fsck clean
+    state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
+    assert len(state) == SHAPES
+    assert all(e["current_iter"] == ITERS and e["status"] == "done" for e in state.values()), state
+    for sid, summary in shapes.items():  # Redis and the files agree
+        key = sid.rsplit("/", 1)[1]
+        ckpt = json.loads((repo / RUN / "checkpoints" / f"{key}.json").read_text())
+        assert (summary.current_iter, summary.best_tflops) == (
+            ckpt["current_iter"],
+            round(ckpt["best_tflops"], 3),
+        )
+    resets = subprocess.run(
+        ["git", "-C", str(repo), "log", "--format=%s", "--grep=Croqq-Reset"], capture_output=True, text=True
+    )
+    assert resets.stdout == "", "a shape's history was deleted"
+
+
+def test_redis_with_appendfsync_no_killed_under_load_loses_its_tail_and_nothing_is_lost(
+    env: dict[str, str], forgetful: ForgetfulRedis
+) -> None:
+    client = forgetful.client(retries=10)
+    lost = 0
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+        for _ in range(3):
+            wait_stored(cluster, client, 6)
+            on_disk = forgetful.aof_size()  # what a power loss now would keep ...
+            wait_stored(cluster, client, 4)  # ... while the cluster goes on
+            forgetful.kill()
+            lost += forgetful.lose_tail(on_disk)
+            forgetful.start()
+        shapes = wait_finished(cluster, client)
+    assert lost > 0
+    assert_nothing_lost(env, shapes)
+
+
+def test_redis_restored_from_an_old_snapshot_catches_up_with_git(
+    env: dict[str, str], forgetful: ForgetfulRedis, tmp_path: Path
+) -> None:
+    client = forgetful.client(retries=10)
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+        wait_stored(cluster, client, 8)
+        client.save()
+        snapshot = tmp_path / "snapshot.rdb"
+        shutil.copy(forgetful.dir / "dump.rdb", snapshot)
+        at_snapshot = stored(client)
+        wait_stored(cluster, client, 20)  # the snapshot is now many iterations behind git
+        forgetful.kill()
+        forgetful.restore(snapshot)
+        assert stored(client) == at_snapshot
+        shapes = wait_finished(cluster, client)
+    assert_nothing_lost(env, shapes)
+
+
+def test_redis_flushall_mid_run_rebuilds_every_submitted_shape_from_git(
+    env: dict[str, str], forgetful: ForgetfulRedis
+) -> None:
+    client = forgetful.client(retries=10)
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+        wait_stored(cluster, client, 3)  # some shapes have not even started: only the submission has them
+        assert client.hlen(keys.SUMMARY) == SHAPES
+        started = sum(1 for v in client.hvals(keys.SUMMARY) if json.loads(v)["current_iter"] >= 0)
+        assert started < SHAPES
+        client.flushall()
+        shapes = wait_finished(cluster, client)
+    assert_nothing_lost(env, shapes)
+
+
+def test_git_losing_its_last_commits_rewinds_the_live_loops_instead_of_parking_them(
+    env: dict[str, str], forgetful: ForgetfulRedis
+) -> None:
+    client = forgetful.client(retries=10)
+    repo = Path(env["CROQQ_RESULTS_REPO"])
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+        wait_stored(cluster, client, 16)
+    # a power loss took the writer's last commits with it (Redis, fsynced, kept what they did)
+    subprocess.run(["git", "-C", str(repo), "update-ref", "refs/heads/main", "HEAD~5"], check=True)
+    subprocess.run(["git", "-C", str(repo), "reset", "-q", "--hard"], check=True)
+    with LocalCluster(env) as cluster:  # no new submission: the cluster resumes on its own
+        shapes = wait_finished(cluster, client)
+    assert_nothing_lost(env, shapes)
