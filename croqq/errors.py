@@ -37,6 +37,12 @@ class LeaseHeldError(TerminalError):
     """A singleton (the writer, beat, a GPU) is already held by another live process."""
 
 
+class HostError(CroqqError):
+    """This host cannot run the step (a missing compiler, a broken local setup), whatever the shape: the
+    step goes back to its queue for another host, and this worker stops taking work (reported in
+    ``croqq status``) until it is fixed and restarted. The shape is not at fault and is never parked."""
+
+
 class DeferredError(CroqqError):
     """The step cannot run yet (its agent is backed off, the agent budget is spent): it goes back to its
     queue after a short pause. Not a failure: the shape waits, it is never parked for this."""

@@ -36,7 +36,7 @@ from croqq.backends.toolchain import candidate_of, knob_candidate
 from croqq.domain.knobs import Candidate, seed_knobs
 from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
-from croqq.errors import ConfigError, InvalidRecordError
+from croqq.errors import HostError, InvalidRecordError
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class CudaBackend(Backend):
         source = write_sources(folder, candidate)
         command = self.compile_command(candidate, source, folder / "gemm.tmp")
         if shutil.which(command[0]) is None:
-            raise ConfigError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
+            raise HostError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
         run = run_process(command, self.settings.compile_timeout_s)
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
         (folder / "build.log").write_text(text)

@@ -70,7 +70,7 @@ from croqq.domain.knobs import Candidate, knobs_summary, render_source, seed_kno
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import BuildOutcome, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
-from croqq.errors import ConfigError, InvalidRecordError
+from croqq.errors import ConfigError, HostError, InvalidRecordError
 from croqq.probes._base import BAD_THROTTLE
 from croqq.settings import Settings
 
@@ -317,7 +317,7 @@ class SimBackend(Backend):
         """nvcc -c of the candidate and its headers in a temp folder: (command, first error or None, log)."""
         compiler = self.manifest.dsl(candidate.dsl).build.compiler
         if shutil.which(compiler) is None:
-            raise ConfigError(f"{compiler} not found on this build host (CROQQ_SIM_COMPILE=nvcc needs it)")
+            raise HostError(f"{compiler} not found on this build host (CROQQ_SIM_COMPILE=nvcc needs it)")
         argv = [compiler, *candidate.flags, "-I.", "-c", "-o", "cand.o", "cand.cu"]
         with tempfile.TemporaryDirectory(prefix="croqq-sim-nvcc-") as tmp:
             folder = Path(tmp).resolve()

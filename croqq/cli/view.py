@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Group
 from rich.table import Table
 
@@ -46,7 +48,32 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
         gpus.add_column(col)
     for g in snap.gpus:
         gpus.add_row(g.uuid, g.status, str(g.active), _duration(g.busy_s), g.current or "idle")
-    return Group(shapes, line, gpus, *_agents(snap))
+    return Group(shapes, line, gpus, *_agents(snap), *_problems(snap))
+
+
+def _problems(snap: Snapshot, limit: int = 10) -> list[Table]:
+    """Workers whose host refuses work, and parked shapes with their reason (nothing when none)."""
+    out = []
+    if snap.host_problems:
+        table = Table(
+            title="workers refusing work (fix the host, then start the worker again)", show_edge=False
+        )
+        for col in ("worker", "since", "reason"):
+            table.add_column(col)
+        for p in snap.host_problems:
+            table.add_row(p.worker, time.strftime("%H:%M:%S", time.localtime(p.at)), p.reason[:120])
+        out.append(table)
+    parked = sorted((sid, s) for sid, s in snap.shapes.items() if s.status == "error")
+    if parked:
+        table = Table(
+            title=f"parked shapes ({len(parked)}; `croqq retry --errors` resumes them)", show_edge=False
+        )
+        for col in ("shape", "iters", "reason"):
+            table.add_column(col)
+        for sid, s in parked[:limit]:
+            table.add_row(sid.rsplit("/", 1)[-1], f"{s.current_iter}/{s.max_iter}", s.error[:120])
+        out.append(table)
+    return out
 
 
 def _agents(snap: Snapshot) -> list[Table | str]:

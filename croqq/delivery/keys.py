@@ -22,6 +22,7 @@ croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (dut
 croqq:submission:<id>          string  JSON list of the sids of one submit
 croqq:submissions              list    submission ids, newest last
 croqq:submitted:<id>           string  JSON SubmitMessage of a submission the writer has not recorded yet
+croqq:host_problems            hash    worker label -> JSON: why that worker's host refuses its work
 croqq:unrecorded               zset    submission ids not yet in the results repo, score = submit time
 croqq:simfault:<uuid>          hash    simulated GPU faults: kind -> JSON {"until": ts|null, "value": int}
 croqq:barrier:<name>           string  test barriers (a step blocks while the key exists)
@@ -104,6 +105,7 @@ def submission(sub_id: str) -> str:
 
 
 UNRECORDED = f"{PREFIX}:unrecorded"
+HOST_PROBLEMS = f"{PREFIX}:host_problems"
 
 
 def submitted(sub_id: str) -> str:

@@ -294,7 +294,12 @@ class Ledger:
             )
 
     def requeue(
-        self, step_id: str, reason: str, expect_owner: str | None = None, only_expired: bool = False
+        self,
+        step_id: str,
+        reason: str,
+        expect_owner: str | None = None,
+        only_expired: bool = False,
+        expect_epoch: int | None = None,
     ) -> bool:
         """Put a running step back in its queue with epoch + 1 (worker gave it up or its lease expired).
 
@@ -314,7 +319,9 @@ class Ledger:
                 pipe.multi()
                 pipe.zrem(keys.RUNNING, step_id)
                 return None, False
-            if expect_owner is not None and record.owner != expect_owner:
+            if (expect_owner is not None and record.owner != expect_owner) or (
+                expect_epoch is not None and record.epoch != expect_epoch
+            ):
                 pipe.multi()
                 return None, False
             if only_expired and deadline is not None and float(deadline) > time.time():
@@ -388,19 +395,28 @@ class Ledger:
             count += 1
         return count
 
-    def fail(self, step_id: str, owner: str, reason: str, terminal: bool, max_failures: int) -> None:
+    def fail(
+        self, step_id: str, epoch: int, owner: str, reason: str, terminal: bool, max_failures: int
+    ) -> bool:
         """A step raised: retry it (new epoch) unless it is terminal or failed too often; then park the
-        shape as 'error' (shown by status, kept out of the schedule) instead of looping forever."""
+        shape as 'error' (shown by status, kept out of the schedule) instead of looping forever.
+
+        Only the step's current holder (this owner, at this epoch) may: a stale holder's late failure
+        changes nothing (returns False), whatever a newer holder is doing."""
+        record = self.load_step(step_id)
+        if record is None or (record.status, record.epoch, record.owner) != (RUNNING, epoch, owner):
+            log.info("ignoring the failure of %s epoch %d by %s: no longer its holder", step_id, epoch, owner)
+            return False
         failures = int(self.client.hincrby(keys.step(step_id), "failures", 1))
         if not terminal and failures < max_failures:
-            self.requeue(step_id, reason, expect_owner=owner)
-            return
-        record = self.load_step(step_id)
-        if record is None:
-            return
+            return self.requeue(step_id, reason, expect_owner=owner, expect_epoch=epoch)
 
-        def body(pipe: Any) -> None:
+        def body(pipe: Any) -> bool:
+            now = self.load_step(step_id, pipe)
             state = self.load_shape(record.sid, pipe)
+            if now is None or (now.status, now.epoch, now.owner) != (RUNNING, epoch, owner):
+                pipe.multi()
+                return False
             pipe.multi()
             self.drop_step(pipe, step_id)
             if state is not None and state.step_id == step_id:
@@ -409,6 +425,9 @@ class Ledger:
                 if state.gpu_uuid:
                     pipe.srem(keys.active(state.gpu_uuid), state.sid)
                 self.save_shape(pipe, state)
+            return True
 
-        self.txn.run([keys.step(step_id), keys.shape(record.sid)], body)
-        log.error("%s parked as error after %d failure(s): %s", record.sid, failures, reason)
+        parked = bool(self.txn.run([keys.step(step_id), keys.shape(record.sid)], body))
+        if parked:
+            log.error("%s parked as error after %d failure(s): %s", record.sid, failures, reason)
+        return parked

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 from collections.abc import Callable
 
 import redis
@@ -25,7 +27,9 @@ from croqq.delivery.leases import Heartbeat, Lease, owner_id
 from croqq.delivery.redis_client import connect
 from croqq.placement import registry
 from croqq.processes.runtime import ENV_GPU_OWNER
+from croqq.processes.supervise import EXIT_CONFIG
 from croqq.settings import Settings, get_settings
+from croqq.work import hosts
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,8 @@ def run_celery_worker(
         lease = Lease(client, singleton, owner, settings.lease_ttl_s)
         lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"the {role} lock")
     node_name = f"{node}@{host_name()}"
+    os.environ[hosts.ENV_WORKER], os.environ[hosts.ENV_ROLE] = node_name, role  # for the pool children
+    hosts.clear_stopped(client, role, host_name())
     registry.register_worker(client, node_name, [queue], role)
     from croqq.processes.runtime import get_runtime
 
@@ -95,7 +101,9 @@ def run_celery_worker(
     if reclaimed:
         log.warning("re-queued %d step(s) left running by dead processes of this host", reclaimed)
     hb = Heartbeat(settings.lease_ttl_s / 4, name=f"croqq-{role}-heartbeat")
+    refused = threading.Event()
     hb.add("worker", lambda: _beat_worker(client, node_name, queue, role))
+    hb.add("host", lambda: _stop_if_refused(client, node_name, refused))
     if lease is not None:
         hb.add("lease", lambda: _renew_or_die(lease, role))
     if extra_beats is not None:
@@ -110,6 +118,20 @@ def run_celery_worker(
         registry.unregister_worker(client, node_name)
         if lease is not None:
             lease.release()
+        if refused.is_set():  # not restarted by supervisors: the host must be fixed first
+            raise SystemExit(EXIT_CONFIG)
+
+
+def _stop_if_refused(client: redis.Redis, label: str, refused: threading.Event) -> None:
+    """A step found this host unable to do its work: shut down warm (running steps finish) and exit."""
+    problem = hosts.problem(client, label)
+    if problem is None or refused.is_set():
+        return
+    refused.set()
+    log.critical(
+        "%s stops taking work: %s; fix this host, then start the worker again", label, problem.reason
+    )
+    os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
 
 
 def _beat_worker(client: redis.Redis, node: str, queue: str, role: str) -> None:

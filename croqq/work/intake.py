@@ -150,6 +150,29 @@ class Intake:
 
         return str(self.ledger.txn.run([keys.shape(sid)], body))
 
+    def retry(self, sids: list[str]) -> list[str]:
+        """Resume parked shapes (their cause fixed): the error is cleared and each waits for a GPU again,
+        re-measuring its best there first. Returns the sids resumed (those not parked are left alone)."""
+        resumed = []
+        for sid in sids:
+
+            def body(pipe: Any, sid: str = sid) -> bool:
+                state = self.ledger.load_shape(sid, pipe)
+                pipe.multi()
+                if state is None or not state.error:
+                    return False
+                log.warning("%s resumed by retry (it was parked: %s)", state.key, state.error)
+                state.error, state.step_id = "", None
+                release_gpu(pipe, state)
+                self.ledger.save_shape(pipe, state)
+                return True
+
+            if self.ledger.txn.run([keys.shape(sid)], body):
+                resumed.append(sid)
+        if resumed:
+            self.placement.fill_all()
+        return resumed
+
     def register_recorded(self, records: list[SubmissionRecord]) -> int:
         """Register again the shapes of recorded submissions that Redis no longer knows (it was flushed
         or restored from an older snapshot); returns how many."""

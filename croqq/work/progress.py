@@ -15,8 +15,9 @@ import redis
 from croqq.delivery import keys
 from croqq.delivery.state import ShapeSummary
 from croqq.placement import registry
-from croqq.work import agents, stats
+from croqq.work import agents, hosts, stats
 from croqq.work.agents import AgentHealth, Budget
+from croqq.work.hosts import HostProblem
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Snapshot:
     shapes: dict[str, ShapeSummary] = field(default_factory=dict)
     agents: list[AgentHealth] = field(default_factory=list)
     budget: Budget | None = None
+    host_problems: list[HostProblem] = field(default_factory=list)
 
     @property
     def total(self) -> DtypeProgress:
@@ -104,6 +106,7 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
         shapes=shapes,
         agents=agents.health(client),
         budget=agents.budget(client),
+        host_problems=hosts.all_problems(client),
     )
 
 

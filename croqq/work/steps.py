@@ -7,7 +7,8 @@ its lease, and the lease's expiry re-dispatches it (the result is then measured 
 Outcomes (returned, and logged with shape, step and GPU): done, rejected (bad payload), missing/stale/
 running/done/dropped (a duplicate or stale message, dropped), requeued (retryable fault), quarantined
 (the GPU failed its health check), deferred (an agent backed off or its budget spent: the
-shape waits), failed (terminal fault: the shape is parked as 'error').
+shape waits), refused (this host cannot run it: back to the queue, and the worker stops), failed
+(terminal fault of the shape: it is parked as 'error' until `croqq retry`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from croqq.errors import (
     DeferredError,
     GpuLeaseLostError,
     GpuUnavailableError,
+    HostError,
     InvalidRecordError,
     RetryableError,
     StaleStepError,
     TerminalError,
 )
 from croqq.processes.runtime import Runtime
-from croqq.work import barriers
+from croqq.work import barriers, hosts
 from croqq.work.executors import EXECUTORS
 
 log = logging.getLogger(__name__)
@@ -98,30 +100,41 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
         log.warning("%s: %s", msg.step_id, exc)
         return "stale", None
     except GpuLeaseLostError as exc:
-        rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner)
+        rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
         return "requeued", None
     except DeferredError as exc:  # not a failure: pause (the lease is kept alive), then back to the queue
         log.info("%s %s deferred: %s", msg.kind, msg.step_id, exc)
         time.sleep(exc.wait_s)
-        rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner)
+        rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
         return "deferred", None
+    except HostError as exc:  # this host's fault, not the shape's: another host takes the step
+        log.error("%s %s: this host cannot run it, so it stops taking work: %s", msg.kind, msg.step_id, exc)
+        hosts.record(rt.client, str(exc))
+        rt.ledger.requeue(msg.step_id, f"refused by {hosts.label()}: {exc}", rt.owner, expect_epoch=msg.epoch)
+        return "refused", None
     except GpuUnavailableError as exc:
         rt.placement.quarantine(rt.gpu.uuid, str(exc))
         return "quarantined", None
     except RetryableError as exc:
         log.warning("%s %s: retryable fault: %s", msg.kind, msg.step_id, exc)
         rt.ledger.fail(
-            msg.step_id, rt.owner, str(exc), terminal=False, max_failures=rt.settings.max_step_failures
+            msg.step_id,
+            msg.epoch,
+            rt.owner,
+            str(exc),
+            terminal=False,
+            max_failures=rt.settings.max_step_failures,
         )
         return "requeued", None
     except TerminalError as exc:
         log.error("%s %s: %s", msg.kind, msg.step_id, exc)
-        rt.ledger.fail(msg.step_id, rt.owner, str(exc), terminal=True, max_failures=1)
+        rt.ledger.fail(msg.step_id, msg.epoch, rt.owner, str(exc), terminal=True, max_failures=1)
         return "failed", None
     except Exception as exc:
         log.exception("%s %s crashed", msg.kind, msg.step_id)
         rt.ledger.fail(
             msg.step_id,
+            msg.epoch,
             rt.owner,
             f"{type(exc).__name__}: {exc}",
             terminal=False,

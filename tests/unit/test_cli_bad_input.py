@@ -93,3 +93,21 @@ def test_bad_kernels_arguments_exit_2_with_one_line_and_build_nothing(
     result = croqq({}, "kernels", "--out", str(out), *args)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert message in result.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "name the shapes to resume (croqq retry KEY...) or pass --errors, not both"),
+        (["f16_1x1x1", "--errors"], "name the shapes to resume"),
+        (["f16_4096x8192x8192"], "no submitted shape f16_4096x8192x8192"),
+    ],
+)
+def test_bad_retry_arguments_exit_2_with_one_line_and_change_nothing(
+    cluster_env: dict[str, str], redis_client: redis.Redis, args: list[str], message: str
+) -> None:
+    result = croqq(cluster_env, "retry", *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("croqq: error: ") and message in lines[0]
+    assert redis_client.dbsize() == 0

@@ -235,3 +235,39 @@ def test_a_retried_transaction_returns_only_the_committed_attempts_result(redis_
 
     assert Txn(redis_client).run(["k"], body) == 2
     assert redis_client.get("k") == "written-by-2" and attempts == ["0", "changed"]
+
+
+def test_a_stale_holders_late_failure_neither_parks_the_shape_nor_drops_the_newer_step(
+    redis_client: redis.Redis,
+) -> None:
+    cluster = Cluster(redis_client, ttl=0.2)
+    cluster.add_gpu("GPU-a")
+    sid = cluster.submit(1)[0]
+    step = baseline_step(cluster)
+    assert cluster.ledger.claim(step.step_id, 0, "paused-worker", step.kind, step.sid)[0] == "ok"
+    time.sleep(0.3)
+    assert cluster.ledger.expire_leases() == 1  # re-dispatched as epoch 1, taken by another worker
+    again = cluster.take()
+    assert cluster.ledger.claim(again.step_id, 1, "w2", again.kind, again.sid)[0] == "ok"
+    # the paused worker wakes up and reports a terminal failure of its (epoch 0) run
+    assert not cluster.ledger.fail(step.step_id, 0, "paused-worker", "boom", terminal=True, max_failures=1)
+    state = cluster.ledger.load_shape(sid)
+    record = cluster.ledger.load_step(step.step_id)
+    assert state is not None and state.error == "" and state.step_id == step.step_id
+    assert record is not None and (record.status, record.epoch, record.owner) == ("running", 1, "w2")
+    assert cluster.client.hget(keys.step(step.step_id), "failures") is None
+    cluster.ledger.complete(step.step_id, 1, "w2", baseline_event())  # the newer holder's result counts
+
+
+def test_retry_resumes_a_parked_shape_on_a_gpu(cluster: Cluster) -> None:
+    sid = cluster.submit(1)[0]
+    step = baseline_step(cluster)
+    cluster.ledger.claim(step.step_id, 0, "w", step.kind, step.sid)
+    assert cluster.ledger.fail(step.step_id, 0, "w", "the seed kernel does not build", True, 1)
+    parked = cluster.ledger.load_shape(sid)
+    assert parked is not None and parked.status == "error" and parked.step_id is None
+    assert cluster.coord.retry([sid]) == [sid]
+    assert cluster.coord.retry([sid]) == []  # no longer parked: nothing to do
+    state = cluster.ledger.load_shape(sid)
+    assert state is not None and state.error == "" and state.gpu_uuid == "GPU-a"
+    assert cluster.published[-1].kind == "baseline" and state.step_id == cluster.published[-1].step_id

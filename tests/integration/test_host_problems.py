@@ -1,0 +1,74 @@
+"""Nothing parks forever: a host that cannot do its work refuses it, and another host does it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from croqq.processes.local import LocalCluster
+from croqq.processes.supervise import EXIT_CONFIG, Child
+from croqq.work import hosts
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_build_host_without_its_compiler_refuses_the_work_and_another_host_builds_it(
+    cluster_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fakebin = tmp_path / "bin"  # the healthy hosts' compiler: accepts every candidate
+    fakebin.mkdir()
+    (fakebin / "nvcc").write_text("#!/bin/sh\nexit 0\n")
+    (fakebin / "nvcc").chmod(0o755)
+    env = cluster_env | {
+        "CROQQ_SIM_COMPILE": "nvcc",
+        "CROQQ_TEST_BARRIERS": "false",
+        "CROQQ_TIME_SCALE": "0.002",
+    }
+    monkeypatch.setenv("PATH", f"{fakebin}:/usr/bin:/bin")  # what the cluster's processes inherit
+    with LocalCluster(env) as cluster:
+        assert cluster.supervisor is not None
+        logs = Path(env["CROQQ_RUN_DIR"]) / "logs"
+        broken = Child(  # a second build host, whose PATH has no nvcc
+            "build-broken",
+            [sys.executable, "-m", "croqq", "build-worker", "--log-level", "INFO"],
+            {**cluster.env, "PATH": "/usr/bin:/bin"},
+            logs / "build-broken.log",
+        )
+        cluster.supervisor.add(broken)
+        cluster.supervisor.start(broken)
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=6, limit=4)
+        snap = cluster.wait_done(sub, timeout_s=180)
+        client = cluster.client
+        problems = hosts.all_problems(client)
+        status = subprocess.run(
+            [sys.executable, "-m", "croqq", "status"],
+            env={**cluster.env, "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+        assert broken.popen is not None
+        code = broken.popen.wait(timeout=60)
+        cluster.poll()
+        time.sleep(1.0)
+        cluster.poll()
+        restarted = broken.popen.poll() is None
+    assert snap.total.done == 4 and snap.total.error == 0  # no shape was parked for the host's fault
+    assert [p.role for p in problems] == ["build"] and "nvcc not found on this build host" in problems[
+        0
+    ].reason
+    assert "workers refusing work" in status.stdout and "nvcc not found" in status.stdout
+    assert code == EXIT_CONFIG and not restarted  # it stopped taking work; supervisors leave it stopped
+    log = (logs / "build-broken.log").read_text()
+    assert "stops taking work" in log
+    repo = Path(env["CROQQ_RESULTS_REPO"])
+    blamed = [f for f in repo.glob("tuning/*/*/logs/*/attempts.jsonl") if "not found" in f.read_text()]
+    assert blamed == []  # the host's fault was never recorded as a candidate's compile failure
