@@ -1,4 +1,4 @@
-"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,source,agent]
+"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,reconcile,source,agent]
 [--out bench/results.json]`: all benchmarks."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from croqq.bench import agent_bench, cluster_bench, redis_bench, writer_bench
+from croqq.bench import agent_bench, cluster_bench, reconcile_bench, redis_bench, writer_bench
 from croqq.logs import configure
 
 log = logging.getLogger("croqq.bench")
-PARTS = ("writer", "sweep", "duty", "recovery", "redis", "source", "agent")
+PARTS = ("writer", "sweep", "duty", "recovery", "redis", "reconcile", "source", "agent")
 
 
 def main() -> None:
@@ -49,6 +49,9 @@ def main() -> None:
         if "redis" in parts:
             log.info("Redis restart benchmark (embedded Redis SIGKILLed mid-run under the supervisor) ...")
             results |= redis_bench.redis_restart(work / "redis")
+        if "reconcile" in parts:
+            log.info("reconciliation benchmark (268 active shapes against git after Redis forgot) ...")
+            results |= reconcile_bench.run(work / "reconcile")
         if "duty" in parts:
             log.info("GPU duty-cycle benchmark (4 simulated GPUs, pipelined vs sequential) ...")
             results |= cluster_bench.duty_cycle(work / "duty")

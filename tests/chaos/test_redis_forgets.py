@@ -127,7 +127,10 @@ def assert_nothing_lost(env: dict[str, str], shapes: dict[str, ShapeSummary]) ->
             round(ckpt["best_tflops"], 3),
         )
     resets = subprocess.run(
-        ["git", "-C", str(repo), "log", "--format=%s", "--grep=Croqq-Reset"], capture_output=True, text=True
+        ["git", "-C", str(repo), "log", "--format=%s", "--grep=Croqq-Reset"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert resets.stdout == "", "a shape's history was deleted"
 
