@@ -119,6 +119,9 @@ class Settings(BaseSettings):
         60.0, gt=0, description="A GPU whose worker is gone this long releases its shapes."
     )
     recheck_every_s: float = Field(30.0, gt=0, description="Re-probe quarantined GPUs this often.")
+    quarantine_cooldown_s: float = Field(
+        60.0, ge=0, description="A quarantined GPU stays out at least this long, however its re-checks go."
+    )
     git_reconcile_every_s: float = Field(
         60.0,
         gt=0,

@@ -21,7 +21,18 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from croqq.cli import kernels, measure, processes, repo, retry, status, stress, submit, up  # noqa: F401
+    from croqq.cli import (  # noqa: F401
+        gpu,
+        kernels,
+        measure,
+        processes,
+        repo,
+        retry,
+        status,
+        stress,
+        submit,
+        up,
+    )
 
 
 def fail(message: str, code: int = 1) -> None:

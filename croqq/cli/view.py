@@ -47,7 +47,8 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
     for col in ("gpu", "status", "shapes", "busy", "now"):
         gpus.add_column(col)
     for g in snap.gpus:
-        gpus.add_row(g.uuid, g.status, str(g.active), _duration(g.busy_s), g.current or "idle")
+        status = f"{g.status}: {g.reason}" if g.reason else g.status
+        gpus.add_row(g.uuid, status, str(g.active), _duration(g.busy_s), g.current or "idle")
     return Group(shapes, line, gpus, *_agents(snap), *_problems(snap))
 
 

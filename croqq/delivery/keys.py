@@ -10,7 +10,8 @@ croqq:step:<step id>           hash    step ledger record: sid kind epoch status
 croqq:running                  zset    step ids running, score = lease deadline (heartbeats push it)
 croqq:queued                   zset    step ids queued, score = last publish time
 croqq:outbox                   zset    step ids committed but maybe not yet published, score = time
-croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason current since
+croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason quarantined_at
+                                       current since (a stored quarantine survives re-registration)
 croqq:gpus                     set     all GPU uuids
 croqq:lease:<name>             string  singleton/GPU lease: owner id, PX = TTL (renewed by heartbeat)
 croqq:worker:<node>            hash    a worker process: queues pid host started

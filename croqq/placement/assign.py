@@ -115,17 +115,45 @@ class Placement:
 
     # -- quarantine / offline --------------------------------------------------------------------------
 
+    def admit(self, entry: registry.GpuEntry) -> int:
+        """A GPU worker (re)starts: register its GPU (``entry.status``: what its start health check found)
+        and fill it if healthy. A stored quarantine outlives the restart; a quarantined GPU keeps no shapes.
+        Returns the shapes placed on it."""
+        before = registry.register_gpu(self.client, entry)
+        gpu = registry.get_gpu(self.client, entry.uuid)
+        if gpu is not None and gpu.status == registry.HEALTHY:
+            return self.fill(entry.uuid)
+        if before != registry.QUARANTINED:
+            self.client.hincrby(keys.STATS, "quarantines", 1)
+            log.warning("GPU %s quarantined at start: %s", entry.uuid, entry.reason)
+        else:
+            log.warning("GPU %s stays quarantined (%s)", entry.uuid, gpu.reason if gpu else "")
+        self._release_shapes(entry.uuid, entry.gpu_type)
+        return 0
+
+    def lift(self, uuid: str, cooldown_s: float = 0.0) -> bool:
+        """End a GPU's quarantine once ``cooldown_s`` has passed since it began; fill it. True if lifted."""
+        if not registry.lift_quarantine(self.client, uuid, cooldown_s):
+            return False
+        self.fill(uuid)
+        return True
+
     def quarantine(self, uuid: str, reason: str, status: str = registry.QUARANTINED) -> int:
         """Stop using a GPU and release its shapes (they re-measure their best on their next GPU)."""
         registry.set_status(self.client, uuid, status, reason)
+        registry_gpu = registry.get_gpu(self.client, uuid)
+        self.client.hincrby(keys.STATS, "quarantines" if status == registry.QUARANTINED else "offline", 1)
+        moved = self._release_shapes(uuid, registry_gpu.gpu_type if registry_gpu else None)
+        log.warning("GPU %s %s (%s): %d shape(s) released to other GPUs", uuid, status, reason, moved)
+        return moved
+
+    def _release_shapes(self, uuid: str, gpu_type: str | None) -> int:
+        """Every shape on the GPU goes back to pending and on to other GPUs of its type."""
         moved = 0
         for sid in sorted(strs(self.client.smembers(keys.active(uuid)))):
             moved += self._evict(sid, uuid)
-        registry_gpu = registry.get_gpu(self.client, uuid)
-        self.client.hincrby(keys.STATS, "quarantines" if status == registry.QUARANTINED else "offline", 1)
         self.client.hincrby(keys.STATS, "migrations", moved)
-        log.warning("GPU %s %s (%s): %d shape(s) released to other GPUs", uuid, status, reason, moved)
-        self.fill_all(registry_gpu.gpu_type if registry_gpu else None)
+        self.fill_all(gpu_type)
         return moved
 
     def _evict(self, sid: str, uuid: str) -> int:
@@ -153,10 +181,13 @@ class Placement:
         return int(self.ledger.txn.run(watch, body))
 
     def release_offline_gpus(self) -> int:
-        """GPUs whose worker's lease is gone for longer than ``gpu_offline_s`` give their shapes back."""
+        """GPUs whose worker's lease is gone for longer than ``gpu_offline_s`` give their shapes back.
+
+        A quarantined GPU holds no shapes and stays quarantined while its worker is away (offline would
+        let a returning worker bring it back without its cool-down)."""
         now, count = time.time(), 0
         for gpu in registry.all_gpus(self.client):
-            if gpu.status == registry.OFFLINE:
+            if gpu.status in (registry.OFFLINE, registry.QUARANTINED):
                 continue
             if self.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
                 if gpu.missing_since:

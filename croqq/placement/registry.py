@@ -2,6 +2,12 @@
 
 A GPU entry says which host and queue serve it, its type and its status (healthy / quarantined /
 offline); workers beat into ``croqq:workers`` so housekeeping can tell which consumers died.
+
+A quarantine is sticky: registering a GPU (a worker restarting, or re-registering after Redis forgot it)
+never overwrites a stored quarantine's status, reason and ``quarantined_at`` (Redis's clock, set when the
+GPU becomes quarantined). Only :func:`lift_quarantine` ends one: a passing re-check once the cool-down has
+passed, or an operator's ``croqq gpu release``. ``offline`` (its worker is gone) is not sticky: a returning
+worker registers its GPU with the status its start health check found.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import redis
 from pydantic import BaseModel, ConfigDict
 
 from croqq.delivery import keys
-from croqq.delivery.redis_client import strs
+from croqq.delivery.redis_client import strs, text
 from croqq.domain.manifest import Manifest
 from croqq.errors import ConfigError
 from croqq.settings import Settings
@@ -40,12 +46,74 @@ class GpuEntry(BaseModel):
     since: float = 0.0
     owner: str = ""
     missing_since: float = 0.0
+    quarantined_at: float = 0.0  # Redis time it became quarantined (0: not quarantined)
 
 
-def register_gpu(client: redis.Redis, entry: GpuEntry) -> None:
-    data = entry.model_dump()
-    client.hset(keys.gpu(entry.uuid), mapping={k: str(v) for k, v in data.items()})
-    client.sadd(keys.GPUS, entry.uuid)
+# Redis's clock as seconds (float), for the scripts below.
+_NOW_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+# KEYS = GPU hash, GPU set; ARGV = uuid, then field/value pairs. A stored quarantine keeps its status,
+# reason and quarantined_at; a GPU that becomes quarantined here gets Redis's time (unless the entry
+# brings its own, re-registered after Redis forgot it). Returns the status before.
+_REGISTER_LUA = (
+    _NOW_LUA
+    + """
+local before = redis.call('HGET', KEYS[1], 'status') or ''
+local sticky = {status = true, reason = true, quarantined_at = true}
+for i = 2, #ARGV, 2 do
+  if not (before == 'quarantined' and sticky[ARGV[i]]) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+local since = tonumber(redis.call('HGET', KEYS[1], 'quarantined_at') or '0') or 0
+if before ~= 'quarantined' and redis.call('HGET', KEYS[1], 'status') == 'quarantined' and since == 0 then
+  redis.call('HSET', KEYS[1], 'quarantined_at', tostring(now))
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+return before
+"""
+)
+
+# KEYS = GPU hash; ARGV = status, reason. quarantined_at: kept by a GPU already quarantined, Redis's time
+# for one that becomes quarantined, 0 otherwise.
+_SET_STATUS_LUA = (
+    _NOW_LUA
+    + """
+local before = redis.call('HGET', KEYS[1], 'status') or ''
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'reason', ARGV[2])
+if ARGV[1] ~= 'quarantined' then
+  redis.call('HSET', KEYS[1], 'quarantined_at', '0')
+elseif before ~= 'quarantined' then
+  redis.call('HSET', KEYS[1], 'quarantined_at', tostring(now))
+end
+return before
+"""
+)
+
+# KEYS = GPU hash; ARGV = cool-down seconds. A quarantined GPU whose cool-down has passed becomes healthy.
+# Returns 1 if lifted, 0 if still cooling down, -1 if the GPU is not quarantined.
+_LIFT_LUA = (
+    _NOW_LUA
+    + """
+if redis.call('HGET', KEYS[1], 'status') ~= 'quarantined' then return -1 end
+local since = tonumber(redis.call('HGET', KEYS[1], 'quarantined_at') or '0') or 0
+if now - since < tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'healthy', 'reason', '', 'quarantined_at', '0')
+return 1
+"""
+)
+
+
+def register_gpu(client: redis.Redis, entry: GpuEntry) -> str:
+    """Write the GPU's entry, keeping a stored quarantine (see the module doc). Returns the status the
+    entry had before ('' for a new GPU)."""
+    args: list[str] = [entry.uuid]
+    for field, value in entry.model_dump().items():
+        args += [field, str(value)]
+    return text(client.eval(_REGISTER_LUA, 2, keys.gpu(entry.uuid), keys.GPUS, *args)) or ""
 
 
 def is_registered(client: redis.Redis, uuid: str) -> bool:
@@ -70,8 +138,25 @@ def all_gpus(client: redis.Redis) -> list[GpuEntry]:
 
 
 def set_status(client: redis.Redis, uuid: str, status: str, reason: str = "") -> None:
-    client.hset(keys.gpu(uuid), mapping={"status": status, "reason": reason})
+    client.eval(_SET_STATUS_LUA, 1, keys.gpu(uuid), status, reason)
     log.warning("GPU %s is now %s%s", uuid, status, f": {reason}" if reason else "")
+
+
+def cooldown_left(client: redis.Redis, gpu: GpuEntry, cooldown_s: float) -> float:
+    """Seconds (Redis's clock) before a quarantined GPU may be lifted; 0 if it may, or is not quarantined."""
+    if gpu.status != QUARANTINED:
+        return 0.0
+    sec, usec = client.time()
+    return max(0.0, gpu.quarantined_at + cooldown_s - (sec + usec / 1e6))
+
+
+def lift_quarantine(client: redis.Redis, uuid: str, cooldown_s: float = 0.0) -> bool:
+    """Atomically put a quarantined GPU back to healthy if ``cooldown_s`` has passed since it was
+    quarantined (Redis's clock). True if it was lifted; False if still cooling down or not quarantined."""
+    lifted = int(client.eval(_LIFT_LUA, 1, keys.gpu(uuid), repr(float(cooldown_s)))) == 1
+    if lifted:
+        log.warning("GPU %s is healthy again: its quarantine is lifted", uuid)
+    return lifted
 
 
 def set_current(client: redis.Redis, uuid: str, text: str) -> None:

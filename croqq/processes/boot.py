@@ -19,6 +19,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -30,6 +31,9 @@ from croqq.processes.runtime import ENV_GPU_OWNER
 from croqq.processes.supervise import EXIT_CONFIG
 from croqq.settings import Settings, get_settings
 from croqq.work import hosts
+
+if TYPE_CHECKING:
+    from croqq.placement.assign import Placement
 
 log = logging.getLogger(__name__)
 
@@ -158,30 +162,24 @@ def _renew_or_die(lease: Lease, role: str) -> None:
 
 
 def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, loglevel: str = "INFO") -> None:
-    """One GPU's worker: claim the GPU by UUID lease, register it, then consume its queue."""
-    client = connect(settings)
-    owner = f"{host_name()}:{os.getpid()}:gpu"
-    lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s)
-    lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
-    os.environ[ENV_GPU_OWNER] = owner
-    queue = queues.gpu_queue(host_name(), uuid)
-    entry = registry.GpuEntry(
-        uuid=uuid, host=host_name(), index=index, gpu_type=gpu_type, queue=queue, owner=owner
-    )
-    registry.register_gpu(client, entry)
-    log.info("claimed GPU %s (%s) as %s; queue %s", uuid, gpu_type, owner, queue)
+    """One GPU's worker: claim the GPU (lease, start health check, registry), then consume its queue.
+
+    A GPU that failed its start check, or whose quarantine is stored, gets no shapes but its worker still
+    runs, so that the re-checks of housekeeping reach it."""
+    from croqq.processes.runtime import get_runtime
+
+    lease, entry = claim_gpu(settings, uuid, index, gpu_type, get_runtime().placement)
+    os.environ[ENV_GPU_OWNER] = entry.owner
+    client = lease.client
 
     def gpu_beat(hb: Heartbeat) -> None:
         hb.add("gpu-lease", lambda: _renew_gpu(client, lease, entry))
 
-    from croqq.processes.runtime import get_runtime
-
-    get_runtime().placement.fill(uuid)
     try:
         run_celery_worker(
             settings,
             "gpu",
-            queue,
+            entry.queue,
             f"gpu{index}",
             "prefork",
             1,
@@ -193,8 +191,53 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
         lease.release()
 
 
-def _renew_gpu(client: object, lease: Lease, entry: registry.GpuEntry) -> None:
-    """Keep the GPU claimed; re-register it if Redis lost its registry (cold start)."""
+def claim_gpu(
+    settings: Settings, uuid: str, index: int, gpu_type: str, placement: Placement
+) -> tuple[Lease, registry.GpuEntry]:
+    """Take the GPU's lease, check its health in a spawned process (never NVML in this one), register it
+    (a stored quarantine stays) and fill it if healthy. Returns the lease and the registered entry."""
+    from croqq.processes.startcheck import start_problems
+
+    client = connect(settings)
+    owner = f"{host_name()}:{os.getpid()}:gpu"
+    lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s)
+    lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
+    problems = start_problems(settings, uuid)
+    entry = registry.GpuEntry(
+        uuid=uuid,
+        host=host_name(),
+        index=index,
+        gpu_type=gpu_type,
+        queue=queues.gpu_queue(host_name(), uuid),
+        owner=owner,
+        status=registry.QUARANTINED if problems else registry.HEALTHY,
+        reason=f"failed its health check at start: {'; '.join(problems)}" if problems else "",
+    )
+    placed = placement.admit(entry)
+    _remember_status(client, entry)
+    log.info(
+        "claimed GPU %s (%s) as %s; queue %s; %s, %d shape(s) placed",
+        uuid,
+        gpu_type,
+        owner,
+        entry.queue,
+        entry.status,
+        placed,
+    )
+    return lease, entry
+
+
+def _remember_status(client: redis.Redis, entry: registry.GpuEntry) -> None:
+    """Keep ``entry`` in step with the registry's status, so that a re-registration after Redis forgot the
+    GPU does not undo a quarantine this worker knew of."""
+    stored = registry.get_gpu(client, entry.uuid)
+    if stored is not None and stored.status in (registry.HEALTHY, registry.QUARANTINED):
+        entry.status, entry.reason, entry.quarantined_at = stored.status, stored.reason, stored.quarantined_at
+
+
+def _renew_gpu(client: redis.Redis, lease: Lease, entry: registry.GpuEntry) -> None:
+    """Keep the GPU claimed; re-register it if Redis lost its registry (cold start), with the status it
+    had when this worker last looked (a quarantine stays a quarantine)."""
     if not lease.renew() and not lease.try_acquire():
         log.error(
             "GPU %s lease is held by %s; this worker no longer measures on it",
@@ -202,8 +245,11 @@ def _renew_gpu(client: object, lease: Lease, entry: registry.GpuEntry) -> None:
             lease.client.get(lease.key),
         )
         return
-    if not registry.is_registered(lease.client, entry.uuid):  # Redis forgot (a flush, an old snapshot)
-        registry.register_gpu(lease.client, entry)
+    if registry.is_registered(client, entry.uuid):
+        _remember_status(client, entry)
+        return
+    log.warning("Redis no longer knows GPU %s: registering it again (%s)", entry.uuid, entry.status)
+    registry.register_gpu(client, entry)  # Redis forgot (a flush, an old snapshot)
 
 
 def run_beat(settings: Settings, loglevel: str = "INFO") -> None:

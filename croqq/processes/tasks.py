@@ -10,7 +10,6 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 from croqq.delivery import queues
 from croqq.delivery.messages import FillMessage, SubmitMessage, parse
 from croqq.errors import InvalidRecordError
-from croqq.placement import registry
 from croqq.processes.app import app
 from croqq.processes.runtime import drain_completer, get_runtime
 from croqq.settings import get_settings
@@ -118,16 +117,11 @@ def record_submissions() -> int:
 
 @app.task(name=queues.TASK_GPU_RECHECK)
 def gpu_recheck(payload: Any) -> bool:
-    """Health sweep for a quarantined GPU: back in service when the probe finds it healthy."""
+    """Health sweep for a quarantined GPU: back in service when its cool-down is over and the probe finds it
+    healthy."""
     rt = get_runtime()
     uuid = rt.gpu.uuid
     if not isinstance(payload, dict) or payload.get("gpu_uuid") != uuid:
         log.error("rejected message: recheck payload %r is not for GPU %s", payload, uuid)
         return False
-    health = rt.probe.health(uuid)
-    if not health.ok:
-        log.info("GPU %s still unhealthy: %s", uuid, "; ".join(health.problems))
-        return False
-    registry.set_status(rt.client, uuid, registry.HEALTHY)
-    rt.placement.fill(uuid)
-    return True
+    return housekeeping.recheck_gpu(rt, uuid)

@@ -87,11 +87,14 @@ def republish_after_resets(rt: Runtime) -> int:
 
 
 def recheck_quarantined(rt: Runtime) -> int:
+    """Ask the worker of each quarantined GPU whose cool-down is over to probe it again."""
     from croqq.processes.app import app
 
-    count = 0
+    count, cooldown = 0, rt.settings.quarantine_cooldown_s
     for gpu in registry.all_gpus(rt.client):
-        if gpu.status == registry.QUARANTINED and rt.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
+        if gpu.status != registry.QUARANTINED or registry.cooldown_left(rt.client, gpu, cooldown) > 0:
+            continue
+        if rt.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
             app.send_task(
                 TASK_GPU_RECHECK,
                 args=[{"gpu_uuid": gpu.uuid}],
@@ -100,6 +103,23 @@ def recheck_quarantined(rt: Runtime) -> int:
             )
             count += 1
     return count
+
+
+def recheck_gpu(rt: Runtime, uuid: str) -> bool:
+    """In the GPU's worker: lift its quarantine if the cool-down is over and the probe finds it healthy,
+    then fill it. True if it is back in service."""
+    gpu = registry.get_gpu(rt.client, uuid)
+    if gpu is None or gpu.status != registry.QUARANTINED:
+        return False
+    left = registry.cooldown_left(rt.client, gpu, rt.settings.quarantine_cooldown_s)
+    if left > 0:
+        log.info("GPU %s stays quarantined for at least %.0fs more (cool-down)", uuid, left)
+        return False
+    health = rt.probe.health(uuid)
+    if not health.ok:
+        log.info("GPU %s still unhealthy: %s", uuid, "; ".join(health.problems))
+        return False
+    return rt.placement.lift(uuid, rt.settings.quarantine_cooldown_s)
 
 
 def unstick_shapes(rt: Runtime) -> int:

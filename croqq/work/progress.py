@@ -37,6 +37,7 @@ class GpuProgress:
     current: str
     active: int
     busy_s: float
+    reason: str = ""  # why it is quarantined or offline
 
 
 @dataclass
@@ -96,6 +97,7 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
                 current=g.current,
                 active=int(client.scard(keys.active(g.uuid))),
                 busy_s=stats.busy(client, g.uuid).get("busy_s", 0.0),
+                reason=g.reason if g.status != registry.HEALTHY else "",
             )
         )
     return Snapshot(
