@@ -95,6 +95,11 @@ def submit(
         f"submitted {len(schedule)} shape(s) to {report['gpu_type']}/{dsl} as {report['submission']}: "
         f"{report['new']} new, {report['resumed']} resumed, {report['reopened']} reopened, "
         f"{report['skipped']} already complete"
+        + (
+            f", {report['parked']} parked (see `croqq status`; `croqq retry --errors` resumes them)"
+            if report["parked"]
+            else ""
+        )
     )
     if not _wait_recorded(settings, str(report["submission"])):
         typer.echo(
@@ -157,4 +162,5 @@ def register(
         "resumed": len(result.resumed),
         "reopened": len(result.reopened),
         "skipped": len(result.skipped),
+        "parked": len(result.parked),
     }

@@ -19,13 +19,13 @@ from croqq.delivery.ledger import Ledger
 from croqq.delivery.messages import SubmitMessage
 from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeState, make_sid
-from croqq.domain.fsm import Loop, Phase, Reopen, transition
+from croqq.domain.fsm import Phase, Reopen, transition
 from croqq.domain.manifest import Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule
 from croqq.placement.assign import Placement, release_gpu
 from croqq.settings import Settings
 from croqq.store.schema import Checkpoint, SubmissionRecord
-from croqq.work.persist import loop_from_checkpoint, now_iso
+from croqq.work.persist import loop_from_checkpoint, new_loop, now_iso
 
 if TYPE_CHECKING:
     from croqq.store.writer import ResultsWriter
@@ -41,10 +41,11 @@ class SubmitReport:
     resumed: list[str] = field(default_factory=list)
     reopened: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)
 
     @property
     def sids(self) -> list[str]:
-        return self.new + self.resumed + self.reopened + self.skipped
+        return self.new + self.resumed + self.reopened + self.skipped + self.parked
 
 
 class Intake:
@@ -80,27 +81,21 @@ class Intake:
         pipe.zadd(keys.UNRECORDED, {msg.submission: time.time()})
         pipe.execute()
         log.info(
-            "submission %s: %d new, %d resumed, %d reopened, %d already complete",
+            "submission %s: %d new, %d resumed, %d reopened, %d already complete, %d parked",
             msg.submission,
             len(report.new),
             len(report.resumed),
             len(report.reopened),
             len(report.skipped),
+            len(report.parked),
         )
         self.placement.fill_all(msg.gpu_type)
         return report
 
-    def _new_loop(self, max_iter: int) -> Loop:
-        return Loop(
-            max_iter=max_iter,
-            profile_every=self.settings.profile_every,
-            noise_margin=self.settings.noise_margin,
-        )
-
     def _fresh_state(self, sid: str, entry: ScheduledShape, msg: SubmitMessage) -> tuple[ShapeState, str]:
         ckpt = self.checkpoints(msg.gpu_type, msg.dsl, entry.key) if self.checkpoints else None
         if ckpt is None:
-            loop, outcome = self._new_loop(msg.max_iter), "new"
+            loop, outcome = new_loop(self.settings, msg.max_iter), "new"
         else:
             loop = loop_from_checkpoint(ckpt, self.settings, msg.max_iter)
             outcome = "skipped" if loop.phase == Phase.DONE else "resumed"
@@ -146,7 +141,7 @@ class Intake:
             if msg.max_iter > loop.max_iter:
                 state.loop = loop.model_copy(update={"max_iter": msg.max_iter})
                 self.ledger.save_shape(pipe, state)
-            return "resumed"
+            return "parked" if state.error else "resumed"
 
         return str(self.ledger.txn.run([keys.shape(sid)], body))
 

@@ -200,15 +200,17 @@ def loop_from_checkpoint(ckpt: Checkpoint, settings: Settings, max_iter: int | N
     return base.model_copy(update={"phase": Phase.PROFILE})
 
 
+def new_loop(settings: Settings, max_iter: int) -> Loop:
+    """A new shape's loop (INIT)."""
+    return Loop(max_iter=max_iter, profile_every=settings.profile_every, noise_margin=settings.noise_margin)
+
+
 def resumable_loop(ckpt: Checkpoint | None, settings: Settings, max_iter: int) -> Loop:
     """The loop the repo says a shape is at, ready to be stepped: after its last stored iteration, or
     from its baseline when the repo holds nothing of it."""
-    if ckpt is not None:
-        loop = loop_from_checkpoint(ckpt, settings, max_iter)
-    else:
-        loop = Loop(
-            max_iter=max_iter, profile_every=settings.profile_every, noise_margin=settings.noise_margin
-        )
+    loop = (
+        loop_from_checkpoint(ckpt, settings, max_iter) if ckpt is not None else new_loop(settings, max_iter)
+    )
     return transition(loop, Start()) if loop.phase == Phase.INIT else loop
 
 

@@ -259,6 +259,13 @@ def test_a_stale_holders_late_failure_neither_parks_the_shape_nor_drops_the_newe
     cluster.ledger.complete(step.step_id, 1, "w2", baseline_event())  # the newer holder's result counts
 
 
+def parked_message(cluster: Cluster) -> SubmitMessage:
+    schedule = build_schedule(cluster.manifest, "f16")[:1]
+    return SubmitMessage(
+        submission="s2", gpu_type=GPU_TYPE, dsl="cuda", mode="from_current_best", max_iter=3, shapes=schedule
+    )
+
+
 def test_retry_resumes_a_parked_shape_on_a_gpu(cluster: Cluster) -> None:
     sid = cluster.submit(1)[0]
     step = baseline_step(cluster)
@@ -266,6 +273,8 @@ def test_retry_resumes_a_parked_shape_on_a_gpu(cluster: Cluster) -> None:
     assert cluster.ledger.fail(step.step_id, 0, "w", "the seed kernel does not build", True, 1)
     parked = cluster.ledger.load_shape(sid)
     assert parked is not None and parked.status == "error" and parked.step_id is None
+    assert cluster.submit(1) == [sid]  # submitting again says so, instead of calling it resumed
+    assert cluster.coord.submit(parked_message(cluster)).parked == [sid]
     assert cluster.coord.retry([sid]) == [sid]
     assert cluster.coord.retry([sid]) == []  # no longer parked: nothing to do
     state = cluster.ledger.load_shape(sid)
