@@ -2,8 +2,9 @@
 
 Nothing may initialize CUDA or NVML in a GPU worker's main process (the prefork parent: its pool child
 forks from it), so the probe runs in a short-lived child interpreter, ``python -m
-croqq.processes.startcheck``: it reads the settings and the GPU's UUID from stdin (pickled: the settings
-hold secrets that their JSON form masks), builds the probe from the settings, reads the GPU once, writes
+croqq.processes.startcheck``: it reads the settings and the GPU's UUID from stdin (one JSON object, with
+the secrets that the settings' own JSON form masks written out: a pipe to our own child is no log), builds
+the probe from the settings, reads the GPU once, writes
 the problems it found as one JSON list of strings on stdout and exits 0. A check that fails, exits
 otherwise, writes anything else or does not answer within ``timeout_s`` counts as unhealthy: a probe that
 cannot see a GPU's state never calls it healthy.
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import subprocess
 import sys
+
+from pydantic import SecretStr
 
 from croqq.settings import Settings
 
@@ -29,7 +31,7 @@ def start_problems(settings: Settings, uuid: str, timeout_s: float = START_CHECK
     try:
         done = subprocess.run(
             [sys.executable, "-m", __name__],
-            input=pickle.dumps((settings, uuid)),
+            input=_request(settings, uuid),
             capture_output=True,
             timeout=timeout_s,
             check=False,
@@ -42,6 +44,14 @@ def start_problems(settings: Settings, uuid: str, timeout_s: float = START_CHECK
         log.warning("the health check of GPU %s failed (exit %s): %s", uuid, done.returncode, why)
         return [f"the health check failed: {why}"]
     return problems
+
+
+def _request(settings: Settings, uuid: str) -> bytes:
+    data = settings.model_dump(mode="json")
+    for name, value in settings:
+        if isinstance(value, SecretStr):
+            data[name] = value.get_secret_value()
+    return json.dumps({"settings": data, "uuid": uuid}).encode()
 
 
 def _parse(stdout: bytes) -> list[str] | None:
@@ -69,7 +79,8 @@ def _probe_problems(settings: Settings, uuid: str) -> list[str]:
 
 
 def main() -> int:
-    settings, uuid = pickle.load(sys.stdin.buffer)
+    request = json.loads(sys.stdin.buffer.read())
+    settings, uuid = Settings(**request["settings"]), str(request["uuid"])
     try:
         problems = _probe_problems(settings, uuid)
     except Exception as exc:
