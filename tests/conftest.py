@@ -7,7 +7,10 @@ tests can ``kill()`` it and ``start()`` it again on the same socket and data.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -63,3 +66,27 @@ def short_tmp():  # type: ignore[no-untyped-def]
     path = Path(tempfile.mkdtemp(prefix="cq-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+CroqqCli = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def croqq() -> CroqqCli:
+    """Run the `croqq` command line as a user would: ``croqq(env, *args)``, a fresh process in the
+    checkout with only the system PATH and ``env``; returns the finished process (exit code, stdout,
+    stderr)."""
+
+    def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "croqq", *args],
+            check=False,
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+
+    return run

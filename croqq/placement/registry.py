@@ -159,10 +159,6 @@ def lift_quarantine(client: redis.Redis, uuid: str, cooldown_s: float = 0.0) -> 
     return lifted
 
 
-def set_current(client: redis.Redis, uuid: str, text: str) -> None:
-    client.hset(keys.gpu(uuid), mapping={"current": text, "since": str(time.time())})
-
-
 def register_worker(client: redis.Redis, node: str, queues: list[str], role: str) -> None:
     """Record a (re)started consumer; a restart may have lost a message its predecessor reserved."""
     now = time.time()

@@ -201,10 +201,11 @@ class Intake:
         self,
         runs: list[tuple[str, str]],
         state_keys: Callable[[str, str], list[str]],
-        tried: Callable[[str, str, str], list[str]],
+        restore: Callable[[str], None],
     ) -> int:
-        """Register the shapes ``state_keys`` names from their checkpoints (Redis forgot them); returns how
-        many resume (the others are complete)."""
+        """Register the shapes ``state_keys`` names from their checkpoints (Redis forgot them), calling
+        ``restore(sid)`` for each that resumes (its tried ideas and history); returns how many resume (the
+        others are complete)."""
         if self.checkpoints is None:
             return 0
         ranks = {s.key: s for s in build_schedule(self.manifest, "all")}
@@ -234,9 +235,7 @@ class Intake:
                 )
                 sid = make_sid(gpu_type, dsl, key)
                 if self._register(sid, entry, msg) == "resumed":
-                    hashes = tried(gpu_type, dsl, key)
-                    if hashes:
-                        self.client.sadd(keys.ideas(sid), *hashes)
+                    restore(sid)
                     count += 1
         if count:
             log.warning("rebuilt the live state of %d shape(s) from the results repo", count)

@@ -81,12 +81,15 @@ def register_missing(rt: Runtime, repo: GitRepo) -> int:
             if not rt.client.exists(keys.shape(make_sid(gpu_type, dsl, key)))
         )
 
-    def tried(gpu_type: str, dsl: str, key: str) -> list[str]:
-        history.rebuild(rt.client, repo, make_sid(gpu_type, dsl, key))
-        return tried_hashes(repo, gpu_type, dsl, key)
+    def restore(sid: str) -> None:
+        """The shape's memory: the ideas it tried (not to be proposed again) and its history."""
+        hashes = tried_hashes(repo, *split_sid(sid))
+        if hashes:
+            rt.client.sadd(keys.ideas(sid), *hashes)
+        history.rebuild(rt.client, repo, sid)
 
     runs = list_runs(repo)
-    count = rt.intake.rebuild_from_repo(runs, state_keys, tried)
+    count = rt.intake.rebuild_from_repo(runs, state_keys, restore)
     return count + sum(rt.intake.register_recorded(load_submissions(repo, g, d)) for g, d in runs)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ from croqq.processes.local import LocalCluster
 
 pytestmark = pytest.mark.chaos
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
-ROOT = Path(__file__).resolve().parents[2]
+Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 
 
 @pytest.fixture
@@ -55,18 +55,6 @@ def test_cold_start_rebuilds_from_the_repo_and_finishes_with_every_invariant(
     assert len(state) == 6 and all(e["current_iter"] == 8 and e["status"] == "done" for e in state.values())
 
 
-def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "croqq", *args],
-        env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=False,
-    )
-
-
 def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
@@ -88,7 +76,7 @@ def damage(repo: Path, keys_: list[str]) -> None:
 
 
 def test_damaged_trees_are_named_cleaned_alone_and_the_cluster_resumes_the_rest(
-    env: dict[str, str], redis_client: redis.Redis
+    env: dict[str, str], redis_client: redis.Redis, croqq: Cli
 ) -> None:
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()

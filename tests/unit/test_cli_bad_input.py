@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "croqq", *args],
-        check=False,
-        env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 
 
 @pytest.mark.parametrize(
@@ -36,7 +25,7 @@ def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_bad_submit_arguments_exit_2_with_one_line_and_enqueue_nothing(
-    cluster_env: dict[str, str], redis_client: redis.Redis, args: list[str], message: str
+    cluster_env: dict[str, str], redis_client: redis.Redis, args: list[str], message: str, croqq: Cli
 ) -> None:
     result = croqq(cluster_env, "submit", *args)
     assert result.returncode == 2
@@ -47,7 +36,7 @@ def test_bad_submit_arguments_exit_2_with_one_line_and_enqueue_nothing(
 
 
 def test_manifest_with_unknown_field_is_refused_by_submit(
-    cluster_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+    cluster_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis, croqq: Cli
 ) -> None:
     raw = json.loads((ROOT / "kernels" / "manifest.json").read_text())
     raw["turbo"] = True
@@ -58,13 +47,13 @@ def test_manifest_with_unknown_field_is_refused_by_submit(
     assert redis_client.dbsize() == 0
 
 
-def test_bad_setting_names_the_variable(cluster_env: dict[str, str]) -> None:
+def test_bad_setting_names_the_variable(cluster_env: dict[str, str], croqq: Cli) -> None:
     result = croqq({**cluster_env, "CROQQ_PIPELINE_DEPTH": "zero"}, "submit", "--dtype", "f16", "--dry-run")
     assert result.returncode == 2 and result.stderr.startswith("croqq: error: CROQQ_PIPELINE_DEPTH:")
 
 
 def test_dry_run_json_lists_the_schedule_without_touching_redis(
-    cluster_env: dict[str, str], redis_client: redis.Redis
+    cluster_env: dict[str, str], redis_client: redis.Redis, croqq: Cli
 ) -> None:
     result = croqq(cluster_env, "submit", "--dtype", "all", "--dry-run", "--json")
     rows = json.loads(result.stdout)
@@ -72,7 +61,7 @@ def test_dry_run_json_lists_the_schedule_without_touching_redis(
     assert redis_client.dbsize() == 0
 
 
-def test_unreachable_redis_is_one_line(cluster_env: dict[str, str], tmp_path: Path) -> None:
+def test_unreachable_redis_is_one_line(cluster_env: dict[str, str], tmp_path: Path, croqq: Cli) -> None:
     env = {**cluster_env, "CROQQ_BROKER_URL": f"unix://{tmp_path}/nothing.sock"}
     result = croqq(env, "submit", "--dtype", "f16")
     assert result.returncode == 2 and result.stderr.startswith("croqq: error: cannot reach Redis at")
@@ -87,7 +76,7 @@ def test_unreachable_redis_is_one_line(cluster_env: dict[str, str], tmp_path: Pa
     ],
 )
 def test_bad_kernels_arguments_exit_2_with_one_line_and_build_nothing(
-    tmp_path: Path, args: list[str], message: str
+    tmp_path: Path, args: list[str], message: str, croqq: Cli
 ) -> None:
     out = tmp_path / "kernels"
     result = croqq({}, "kernels", "--out", str(out), *args)
@@ -104,7 +93,7 @@ def test_bad_kernels_arguments_exit_2_with_one_line_and_build_nothing(
     ],
 )
 def test_bad_retry_arguments_exit_2_with_one_line_and_change_nothing(
-    cluster_env: dict[str, str], redis_client: redis.Redis, args: list[str], message: str
+    cluster_env: dict[str, str], redis_client: redis.Redis, args: list[str], message: str, croqq: Cli
 ) -> None:
     result = croqq(cluster_env, "retry", *args)
     assert result.returncode == 2, result.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from croqq.processes.startcheck import start_problems
 from croqq.settings import Settings
 from croqq.work import housekeeping
 
-ROOT = Path(__file__).resolve().parents[2]
+Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 GPU_TYPE = "sm90_Simulated_H100_SXM"
 SICK, WELL = (g.uuid for g in SimProbe(count=2).discover())
 COOLDOWN_S = 30.0
@@ -175,20 +175,8 @@ def test_an_offline_gpu_comes_back_healthy_and_a_quarantined_one_is_not_marked_o
     assert gpu(rt, WELL).status == registry.HEALTHY and shapes_on(rt, WELL) == 1
 
 
-def croqq(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "croqq", *args],
-        check=False,
-        env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-
-
 def test_croqq_status_shows_the_quarantine_and_croqq_gpu_release_ends_it_at_once(
-    rt: Runtime, redis_client: redis.Redis, cluster_env: dict[str, str]
+    rt: Runtime, redis_client: redis.Redis, cluster_env: dict[str, str], croqq: Cli
 ) -> None:
     inject_fault(redis_client, SICK, "stuck")
     start_worker(rt, SICK)
@@ -206,7 +194,7 @@ def test_croqq_status_shows_the_quarantine_and_croqq_gpu_release_ends_it_at_once
 
 
 def test_croqq_gpu_release_refuses_an_unknown_or_offline_gpu_with_one_line(
-    rt: Runtime, cluster_env: dict[str, str]
+    rt: Runtime, cluster_env: dict[str, str], croqq: Cli
 ) -> None:
     start_worker(rt, WELL).release()
     unknown = croqq(cluster_env, "gpu", "release", "GPU-nope")
