@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     redis_password: SecretStr | None = Field(None, description="Password, if not inside broker_url.")
     redis_ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
     run_dir: Path = Field(Path(".croqq"), description="Local folder for the embedded Redis, pids and logs.")
+    health_dir: Path | None = Field(
+        None,
+        description="Where each long-running process writes its heartbeat file for `croqq health` "
+        "(default <run dir>/health). A folder of this host: the check runs where the process runs.",
+    )
 
     # -- results repo -----------------------------------------------------------------------------
     results_repo: Path = Field(Path(".croqq/results"), description="Git repo the writer commits into.")
@@ -52,12 +57,26 @@ class Settings(BaseSettings):
     kernels_dir: Path = Field(
         PROJECT_ROOT, description="Root that the manifest's include_dirs are relative to."
     )
+    artifact_ttl_s: float = Field(
+        6 * 3600.0, gt=0, description="Built artifacts live this long in Redis, refreshed on every put and get."
+    )
+    artifact_max_bytes: int = Field(
+        64 << 20, ge=1, description="The largest artifact a build may store; a bigger one fails the build."
+    )
+    artifact_cache_dir: Path = Field(
+        Path(""), description="A GPU host's verified copies of fetched artifacts (default <run dir>/artifacts)."
+    )
 
     # -- backends ---------------------------------------------------------------------------------
     backend: Literal["sim", "cuda"] = "sim"
     probe: Literal["auto", "nvml", "sim"] = "auto"
     sim_gpus: int = Field(8, ge=1, le=64, description="Simulated GPUs per host when NVML finds none.")
     sim_gpu_type: str = "sm90_Simulated_H100_SXM"
+    sim_machine: str = Field(
+        "",
+        description="The simulated machine in its GPUs' UUIDs (GPU-sim-<machine>-<i>; default: the host "
+        "name). Like a real GPU's UUID it stays when the worker comes back under another host name.",
+    )
     time_scale: float = Field(0.0, ge=0, description="Multiplier on simulated step durations (0: instant).")
     sim_ideate_s: float = 60.0
     sim_implement_s: float = 20.0
@@ -131,6 +150,9 @@ class Settings(BaseSettings):
         3, ge=1, description="Unexpected errors before a shape is parked as 'error'."
     )
     task_events: bool = Field(False, description="Workers send task events (for Flower).")
+    flower_basic_auth: SecretStr | None = Field(
+        None, description="Flower's HTTP basic auth, `user:password[,user2:password2]` (unset: none)."
+    )
     test_barriers: bool = Field(False, description="Steps block on croqq:barrier:<kind> keys (chaos tests).")
 
     # -- GPU health thresholds ----------------------------------------------------------------------
@@ -142,20 +164,39 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if self.proposer == "agent" and self.agent == "command" and not self.agent_command.strip():
             raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
+        if self.flower_basic_auth is not None:
+            _check_basic_auth(self.flower_basic_auth.get_secret_value())
         if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
                 f"CROQQ_BROKER_URL={self.broker_url!r} is not a Redis URL; use redis://host:6379/0 or unix:///path"
             )
         return self
 
+    def resolved_health_dir(self) -> Path:
+        return self.health_dir if self.health_dir is not None else self.run_dir / "health"
+
     def resolved_build_dir(self) -> Path:
         return self.build_dir if str(self.build_dir) not in ("", ".") else self.run_dir / "build"
+
+    def resolved_artifact_cache_dir(self) -> Path:
+        cache = self.artifact_cache_dir
+        return cache if str(cache) not in ("", ".") else self.run_dir / "artifacts"
 
     def resolved_broker_url(self) -> str:
         """The broker URL to use: the configured one, else the embedded Redis of the run folder."""
         if self.broker_url:
             return self.broker_url
         return f"unix://{(self.run_dir / 'redis' / 'redis.sock').resolve()}"
+
+
+def _check_basic_auth(value: str) -> None:
+    """``user:password[,user2:password2]``: every pair names a user and a non-empty password."""
+    for pair in value.split(","):
+        user, sep, password = pair.partition(":")
+        if not (user.strip() and sep and password):
+            raise ConfigError(
+                "CROQQ_FLOWER_BASIC_AUTH: use user:password[,user2:password2], each with a user and a password"
+            )
 
 
 @lru_cache(maxsize=1)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
 import pygit2
 import redis
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.leases import dead_local
 from croqq.delivery.redis_client import strs, text
 from croqq.store.load import list_runs
@@ -113,7 +112,7 @@ def live_problems(client: redis.Redis, grace_s: float) -> list[str]:
         owner = text(client.get(key)) or ""
         if dead_local(owner):
             problems.append(f"{key} is held by {owner}, a process that no longer exists")
-    now = time.time()
+    now = clock.now(client)
     running: list[tuple[str, float]] = list(client.zrange(keys.RUNNING, 0, -1, withscores=True))  # type: ignore[arg-type]
     for step_id, score in running:
         sid, deadline = text(step_id) or "", float(score)

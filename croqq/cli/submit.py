@@ -111,6 +111,35 @@ def submit(
 
 
 RECORD_WAIT_S = 10.0
+RECONCILE_WAIT_S = 30.0
+
+
+def _wait_reconciled(settings: Settings) -> None:
+    """After a Redis restart, restore or flush, wait (while a writer runs) until the writer has registered
+    again what the results repo holds: only the writer has the repo, so a shape Redis forgot would
+    otherwise be registered as new (the writer would still adopt its stored iterations, later)."""
+    import time
+
+    from croqq.delivery import keys
+    from croqq.delivery.redis_client import connect
+    from croqq.work.housekeeping import ask_writer_to_reconcile
+    from croqq.work.reconcile import redis_forgot
+
+    client = connect(settings)
+    if not redis_forgot(client) or not client.exists(keys.lease("writer")):
+        return
+    ask_writer_to_reconcile()
+    deadline = time.monotonic() + RECONCILE_WAIT_S
+    while redis_forgot(client):
+        if time.monotonic() > deadline:
+            typer.echo(
+                "note: the writer has not reconciled Redis with the results repo within "
+                f"{RECONCILE_WAIT_S:.0f}s; shapes Redis forgot are registered as new until it does, "
+                "then take their stored iterations",
+                err=True,
+            )
+            return
+        time.sleep(0.2)
 
 
 def _wait_recorded(settings: Settings, submission: str) -> bool:
@@ -145,6 +174,7 @@ def register(
 
     require_redis(settings)
     gpu_type = registry.pick_gpu_type(settings, manifest, gpu)
+    _wait_reconciled(settings)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     msg = SubmitMessage(
         submission=f"sub-{stamp}-{secrets.token_hex(3)}",

@@ -7,6 +7,8 @@ Used for the singletons (writer, beat), for GPU claims and for step leases (the 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import socket
@@ -14,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
@@ -37,10 +40,38 @@ return 0
 """
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+@functools.cache
+def process_space() -> str:
+    """What makes a pid meaningful: this kernel's boot id and this PID namespace (8 hex digits). Two
+    containers with one hostname (hostNetwork pods) differ here, and so does a host after a reboot."""
+    try:
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pidns = ""
+    raw = f"{_read('/proc/sys/kernel/random/boot_id')}:{pidns}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:8]
+
+
+def owner_id(tag: str = "") -> str:
+    """A process's owner token, unique across hosts and PID namespaces: ``<host>:<pid>:<space>:<random>
+    [:tag]``, e.g. ``gpu-node-1:4711:9c04e1aa:3f9a2c1b:gpu``. The host name is a label for people; the
+    process space (:func:`process_space`) says where the pid may be checked."""
+    suffix = f":{tag}" if tag else ""
+    return f"{socket.gethostname()}:{os.getpid()}:{process_space()}:{uuid.uuid4().hex[:8]}{suffix}"
+
+
 def dead_local(owner: str) -> bool:
-    """An owner ``host:pid:...`` on this host whose process no longer exists (a SIGKILLed predecessor)."""
+    """An owner token of this PID namespace (same boot, same namespace) whose process no longer exists: a
+    SIGKILLed predecessor. Any other owner, whatever its host name, is never taken for dead here."""
     parts = owner.split(":")
-    if len(parts) < 2 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+    if len(parts) < 4 or parts[2] != process_space() or not parts[1].isdigit():
         return False
     try:
         os.kill(int(parts[1]), 0)
@@ -49,12 +80,6 @@ def dead_local(owner: str) -> bool:
     except PermissionError:
         return False
     return False
-
-
-def owner_id(tag: str = "") -> str:
-    """A unique owner string naming host and pid, e.g. ``node1:4711:3f9a2c1b``."""
-    suffix = f":{tag}" if tag else ""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}{suffix}"
 
 
 class Lease:
@@ -69,8 +94,8 @@ class Lease:
         return bool(self.client.set(self.key, self.owner, px=self.ttl_ms, nx=True))
 
     def acquire(self, wait_s: float, what: str) -> None:
-        """Take the lease, waiting up to ``wait_s`` for a dead holder's lease to expire (a holder on this
-        host whose process is gone is released at once: a supervisor restarting a killed process)."""
+        """Take the lease, waiting up to ``wait_s`` for a dead holder's lease to expire (a holder of this
+        PID namespace whose process is gone is released at once: a supervisor restarting a killed one)."""
         deadline = time.monotonic() + wait_s
         while not self.try_acquire():
             holder = text(self.client.get(self.key)) or ""

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState
@@ -49,9 +48,13 @@ PHASE_KIND = {
 
 
 def step_kind(state: ShapeState) -> str | None:
-    """The step the shape's phase calls for (BASELINE builds its seed on a build worker first)."""
+    """The step the shape's phase calls for. A GPU host never compiles, so a build worker goes first
+    when a GPU step would lack an artifact: BASELINE builds its seed, and PROFILE or MEASURE whose best
+    kernel has none (a loop rebuilt from a checkpoint, or its artifact was lost) builds the best."""
     loop = state.loop
     if loop.phase == Phase.BASELINE and (loop.pending is None or loop.pending.build is None):
+        return "implement"
+    if loop.phase in (Phase.PROFILE, Phase.MEASURE) and loop.best_iter >= 0 and not loop.best_artifact:
         return "implement"
     return PHASE_KIND.get(loop.phase)
 
@@ -98,9 +101,9 @@ Write = Callable[[Any], None]
 class Advance(Protocol):
     """What a step's result does to its shape (``croqq.work.advance``): the ledger only runs it."""
 
-    def apply(self, record: StepRecord, state: ShapeState, event: Any) -> Write:
-        """Move ``state`` by ``event`` (reads allowed, before multi); return the writes that go with it
-        (called with the pipe in multi mode, inside the same transaction)."""
+    def apply(self, record: StepRecord, state: ShapeState, event: Any, now: float) -> Write:
+        """Move ``state`` by ``event`` at ``now`` (Redis's clock; reads allowed, before multi); return the
+        writes that go with it (called with the pipe in multi mode, inside the same transaction)."""
 
     def after(self, state: ShapeState) -> None:
         """Called once the transaction committed."""
@@ -164,7 +167,7 @@ class Ledger:
     @staticmethod
     def save_shape(pipe: Any, state: ShapeState) -> None:
         """Write the shape and its one-line summary (what status views read) in the same transaction."""
-        state.updated_at = time.time()
+        state.updated_at = clock.now(pipe)
         pipe.set(keys.shape(state.sid), state.model_dump_json())
         pipe.hset(keys.SUMMARY, state.sid, state.summary_json())
 
@@ -186,7 +189,7 @@ class Ledger:
         else:
             queue = SHARED_QUEUE[kind]
         state.step_seq += 1
-        now = time.time()
+        now = clock.now(pipe)
         record = StepRecord(
             step_id=f"{state.sid}#{state.step_seq}.{secrets.token_hex(4)}",  # unique even if Redis forgets
             sid=state.sid,
@@ -232,7 +235,7 @@ class Ledger:
     ) -> tuple[str, ShapeState | None]:
         """('ok', the shape's state) if this owner now runs the step; else (why not, None): 'missing',
         'stale' (another epoch or kind), 'running', 'done', 'dropped'."""
-        now = time.time()
+        now = clock.now(self.client)
         reply = self._claim(
             keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED, keys.shape(sid)],
             args=[str(epoch), owner, repr(now), repr(now + self.lease_ttl_s), step_id, kind],
@@ -243,7 +246,7 @@ class Ledger:
         return str(reply), None
 
     def heartbeat(self, step_id: str, owner: str) -> bool:
-        deadline = time.time() + self.lease_ttl_s
+        deadline = clock.now(self.client) + self.lease_ttl_s
         return bool(
             self._heartbeat(keys=[keys.step(step_id), keys.RUNNING], args=[owner, repr(deadline), step_id])
         )
@@ -266,11 +269,11 @@ class Ledger:
             if record is None or state is None:
                 raise StaleStepError(f"step {step_id} or its shape vanished")
             self._check_holder(record, state, epoch, owner)
-            write = self.advance.apply(record, state, event)
+            now = clock.now(self.client)
+            write = self.advance.apply(record, state, event, now)
             queue = self.queue_for(state, pipe)
             pipe.multi()
             write(pipe)
-            now = time.time()
             pipe.hset(keys.step(step_id), mapping={"status": DONE, "finished_at": repr(now)})
             pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
             pipe.zrem(keys.RUNNING, step_id)
@@ -324,7 +327,7 @@ class Ledger:
             ):
                 pipe.multi()
                 return None, False
-            if only_expired and deadline is not None and float(deadline) > time.time():
+            if only_expired and deadline is not None and float(deadline) > clock.now(self.client):
                 pipe.multi()
                 return None, False
             queue = record.queue
@@ -339,7 +342,7 @@ class Ledger:
                     release_gpu(pipe, state)
                     self.save_shape(pipe, state)
                 return None, True
-            now = time.time()
+            now = clock.now(self.client)
             new = record.model_copy(
                 update={
                     "epoch": record.epoch + 1,
@@ -373,12 +376,12 @@ class Ledger:
 
     def expire_leases(self) -> int:
         """Re-queue every running step whose lease deadline has passed."""
-        expired = strs(self.client.zrangebyscore(keys.RUNNING, "-inf", time.time()))
+        expired = strs(self.client.zrangebyscore(keys.RUNNING, "-inf", clock.now(self.client)))
         return sum(self.requeue(sid, "lease expired", only_expired=True) for sid in expired)
 
     def flush_outbox(self, older_than_s: float) -> int:
         """Publish steps whose publication may have been lost (crash between commit and send)."""
-        stale = strs(self.client.zrangebyscore(keys.OUTBOX, "-inf", time.time() - older_than_s))
+        stale = strs(self.client.zrangebyscore(keys.OUTBOX, "-inf", clock.now(self.client) - older_than_s))
         return self.republish(stale, "unpublished after commit")
 
     def republish(self, step_ids: Iterable[str], reason: str) -> int:
@@ -389,7 +392,7 @@ class Ledger:
                 self.client.zrem(keys.OUTBOX, step_id)
                 self.client.zrem(keys.QUEUED, step_id)
                 continue
-            self.client.zadd(keys.QUEUED, {step_id: time.time()})
+            self.client.zadd(keys.QUEUED, {step_id: clock.now(self.client)})
             log.info("re-publishing %s (%s)", step_id, reason)
             self.publish([record])
             count += 1

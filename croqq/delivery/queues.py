@@ -3,8 +3,8 @@
 control                 coordinator: submit, fill, reconcile
 build                   IMPLEMENT (materialize + compile)
 ideate                  IDEATE (the proposer; rate-limited)
-store                   STORE (the single writer)
-gpu.<host>.<gpu uuid>   BASELINE, PROFILE, MEASURE on one GPU (one worker process per GPU)
+store                   STORE (the single writer), and everything that reads the results repo
+gpu.<gpu uuid>          BASELINE, PROFILE, MEASURE on one GPU (one worker process per GPU)
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ TASK_STORE = "croqq.step.store"
 TASK_SUBMIT = "croqq.control.submit"
 TASK_FILL = "croqq.control.fill"
 TASK_RECONCILE = "croqq.control.reconcile"
+TASK_GIT_RECONCILE = "croqq.store.git_reconcile"
 TASK_SUMMARY = "croqq.store.summary"
 TASK_FLUSH = "croqq.store.flush"
 TASK_RECORD = "croqq.store.record_submissions"
@@ -43,8 +44,10 @@ STEP_TASK: dict[str, str] = {
 }
 
 
-def gpu_queue(host: str, uuid: str) -> str:
-    return f"gpu.{host}.{uuid}"
+def gpu_queue(uuid: str) -> str:
+    """A GPU's queue is named by its UUID alone: a worker that comes back on another host name (a
+    re-created pod) consumes the same queue, and the steps waiting in it (hostnames are labels)."""
+    return f"gpu.{uuid}"
 
 
 def is_gpu_queue(queue: str) -> bool:

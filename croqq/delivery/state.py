@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from croqq.domain.fsm import Loop, Phase
 from croqq.domain.shapes import Shape
@@ -59,9 +57,9 @@ class ShapeState(BaseModel):
     step_seq: int = 0
     needs_rebase: bool = False
     error: str = ""
-    iter_t0: float = Field(default_factory=time.time)
+    iter_t0: float = 0.0  # Redis time the current iteration began (0: not yet on a GPU)
     iter_exec_s: float = 0.0
-    updated_at: float = Field(default_factory=time.time)
+    updated_at: float = 0.0  # Redis time of the last save
 
     @property
     def shape(self) -> Shape:

@@ -12,12 +12,11 @@ inline) can place at once.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.queues import GPU_KINDS
 from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeState
@@ -100,8 +99,9 @@ class Placement:
                 return _SKIP
             if state.loop.phase == Phase.INIT:
                 state.loop = transition(state.loop, Start())
-                # the first iteration's clock starts with its GPU slot: waiting for capacity is not overhead
-                state.iter_t0, state.iter_exec_s = time.time(), 0.0
+            if state.loop.phase == Phase.BASELINE or not state.iter_t0:
+                # an iteration's clock starts with its GPU slot: waiting for capacity is not overhead
+                state.iter_t0, state.iter_exec_s = clock.now(pipe), 0.0
             pipe.multi()
             pipe.zrem(pending_key, sid)
             pipe.sadd(active_key, sid)
@@ -185,7 +185,7 @@ class Placement:
 
         A quarantined GPU holds no shapes and stays quarantined while its worker is away (offline would
         let a returning worker bring it back without its cool-down)."""
-        now, count = time.time(), 0
+        now, count = clock.now(self.client), 0
         for gpu in registry.all_gpus(self.client):
             if gpu.status in (registry.OFFLINE, registry.QUARANTINED):
                 continue

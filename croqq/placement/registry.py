@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.redis_client import strs, text
 from croqq.domain.manifest import Manifest
 from croqq.errors import ConfigError
@@ -161,7 +160,7 @@ def lift_quarantine(client: redis.Redis, uuid: str, cooldown_s: float = 0.0) -> 
 
 def register_worker(client: redis.Redis, node: str, queues: list[str], role: str) -> None:
     """Record a (re)started consumer; a restart may have lost a message its predecessor reserved."""
-    now = time.time()
+    now = clock.now(client)
     info: dict[Any, Any] = {
         "queues": json.dumps(queues),
         "pid": str(os.getpid()),
@@ -176,7 +175,7 @@ def register_worker(client: redis.Redis, node: str, queues: list[str], role: str
 
 def mark_queues_reset(client: redis.Redis, queues: list[str]) -> None:
     """Steps queued on these queues before now may have lost their message (see housekeeping)."""
-    now = str(time.time())
+    now = str(clock.now(client))
     pipe = client.pipeline(transaction=False)
     for queue in queues:
         pipe.set(keys.queue_reset(queue), now)
@@ -184,7 +183,7 @@ def mark_queues_reset(client: redis.Redis, queues: list[str]) -> None:
 
 
 def beat_worker(client: redis.Redis, node: str) -> None:
-    client.zadd(keys.WORKERS, {node: time.time()})
+    client.zadd(keys.WORKERS, {node: clock.now(client)})
 
 
 def unregister_worker(client: redis.Redis, node: str) -> None:
@@ -194,7 +193,7 @@ def unregister_worker(client: redis.Redis, node: str) -> None:
 
 def reap_dead_workers(client: redis.Redis, ttl_s: float) -> list[str]:
     """Forget workers silent for longer than ``ttl_s``; mark their queues reset. Returns their names."""
-    now = time.time()
+    now = clock.now(client)
     dead = strs(client.zrangebyscore(keys.WORKERS, "-inf", now - ttl_s))
     for node in dead:
         raw = client.hget(keys.worker(node), "queues")
@@ -206,7 +205,7 @@ def reap_dead_workers(client: redis.Redis, ttl_s: float) -> list[str]:
 
 
 def live_workers(client: redis.Redis, ttl_s: float) -> list[str]:
-    return strs(client.zrangebyscore(keys.WORKERS, time.time() - ttl_s, "+inf"))
+    return strs(client.zrangebyscore(keys.WORKERS, clock.now(client) - ttl_s, "+inf"))
 
 
 def pick_gpu_type(settings: Settings, manifest: Manifest, requested: str | None) -> str:

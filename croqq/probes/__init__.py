@@ -23,4 +23,10 @@ def make_probe(settings: Settings, redis_client: Any = None) -> GpuProbe:
     from croqq.probes.sim import RedisFaults, SimProbe
 
     faults = RedisFaults(redis_client) if redis_client is not None else None
-    return SimProbe(thresholds, count=settings.sim_gpus, gpu_type=settings.sim_gpu_type, faults=faults)
+    return SimProbe(
+        thresholds,
+        count=settings.sim_gpus,
+        gpu_type=settings.sim_gpu_type,
+        faults=faults,
+        host=settings.sim_machine or None,
+    )

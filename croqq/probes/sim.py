@@ -189,8 +189,10 @@ return 1
 class RedisFaults(FaultSource):
     """Faults in Redis, shared by every process that uses the same Redis (``keys.simfault(uuid)``)."""
 
-    def __init__(self, client: Redis, clock: Clock = time.time) -> None:
-        super().__init__(clock)
+    def __init__(self, client: Redis, clock: Clock | None = None) -> None:
+        from croqq.delivery.clock import clock as redis_clock
+
+        super().__init__(clock or redis_clock(client).now)  # shared by hosts: Redis's clock
         self.client = client
         self._take = client.register_script(_TAKE_LUA)
 

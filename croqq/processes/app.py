@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import before_task_publish
 
 from croqq.delivery import queues
 from croqq.delivery.redis_client import kombu_url
@@ -27,28 +28,64 @@ def visibility_timeout_s(settings: Settings) -> int:
     return int(max(3600.0, 2 * longest + settings.health_wait_s))
 
 
+# Celery's own ``expires`` is a wall-clock date checked with the consumer's wall clock, so a host whose
+# clock runs ahead would drop every such message. croqq's periodic and best-effort messages carry their
+# maximum age instead; the publisher stamps them with Redis's time and the consumer checks that age on
+# Redis's clock (``too_old``).
+MAX_AGE_HEADER = "croqq_max_age_s"
+SENT_HEADER = "croqq_sent"
+
+
+def max_age(seconds: float) -> dict[str, object]:
+    """Publish options for a message that is useless once older than ``seconds`` (Redis's clock)."""
+    return {"headers": {MAX_AGE_HEADER: float(seconds)}}
+
+
+@before_task_publish.connect
+def _stamp_sent(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    if headers is None or MAX_AGE_HEADER not in headers:
+        return
+    from croqq.delivery import clock
+    from croqq.delivery.redis_client import connect
+
+    try:
+        headers[SENT_HEADER] = clock.now(connect(get_settings()))
+    except Exception as exc:  # unstamped: the consumer runs it whatever its age
+        log.warning("could not stamp a message with Redis's time: %s", exc)
+
+
+def too_old(request: Any, client: Any) -> bool:
+    """True for a message whose maximum age (Redis's clock) has passed: the consumer skips it."""
+    limit, sent = getattr(request, MAX_AGE_HEADER, None), getattr(request, SENT_HEADER, None)
+    if limit is None or sent is None:
+        return False
+    from croqq.delivery import clock
+
+    return clock.now(client) - float(sent) > float(limit)
+
+
 def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
     every = settings.reconcile_every_s
     return {
         "reconcile": {
             "task": queues.TASK_RECONCILE,
             "schedule": timedelta(seconds=every),
-            "options": {"queue": queues.CONTROL, "expires": max(2.0, 5 * every)},
+            "options": {"queue": queues.CONTROL, **max_age(max(2.0, 5 * every))},
         },
         "flush": {
             "task": queues.TASK_FLUSH,
             "schedule": timedelta(seconds=FLUSH_EVERY_S),
-            "options": {"queue": queues.STORE, "expires": 2 * FLUSH_EVERY_S},
+            "options": {"queue": queues.STORE, **max_age(2 * FLUSH_EVERY_S)},
         },
         "record": {
             "task": queues.TASK_RECORD,
             "schedule": timedelta(seconds=RECORD_EVERY_S),
-            "options": {"queue": queues.STORE, "expires": 2 * RECORD_EVERY_S},
+            "options": {"queue": queues.STORE, **max_age(2 * RECORD_EVERY_S)},
         },
         "summary": {
             "task": queues.TASK_SUMMARY,
             "schedule": timedelta(seconds=60),
-            "options": {"queue": queues.STORE, "expires": 120},
+            "options": {"queue": queues.STORE, **max_age(120)},
         },
     }
 

@@ -26,7 +26,6 @@ from croqq.domain.manifest import Manifest, cached_manifest
 from croqq.errors import ConfigError
 from croqq.placement.assign import Placement
 from croqq.settings import Settings, get_settings
-from croqq.store.schema import Checkpoint
 from croqq.work import history, stats
 from croqq.work.advance import Advance
 from croqq.work.intake import Intake
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
     from croqq.backends._base import Backend, GpuContext
     from croqq.probes._base import GpuProbe
     from croqq.proposers._base import Proposer
-    from croqq.store.gitrepo import GitRepo
     from croqq.store.push import Pusher
     from croqq.store.writer import ResultsWriter
 
@@ -93,7 +91,6 @@ class Runtime:
         self.settings = settings
         self.owner = owner_id()
         self._publisher = publisher
-        self._reader: GitRepo | None = None
         self.pusher: Pusher | None = None  # the results branch's background pusher (writer, with a remote)
 
     @cached_property
@@ -116,9 +113,7 @@ class Runtime:
 
     @cached_property
     def intake(self) -> Intake:
-        return Intake(
-            self.settings, self.manifest, self.client, self.ledger, self.placement, self.load_checkpoint
-        )
+        return Intake(self.settings, self.manifest, self.client, self.ledger, self.placement)
 
     @cached_property
     def heartbeat(self) -> Heartbeat:
@@ -131,8 +126,9 @@ class Runtime:
     @cached_property
     def backend(self) -> Backend:
         from croqq.backends import make_backend
+        from croqq.delivery.artifacts import ArtifactStore
 
-        return make_backend(self.settings, self.manifest)
+        return make_backend(self.settings, self.manifest, ArtifactStore(self.settings, self.client))
 
     @cached_property
     def proposer(self) -> Proposer:
@@ -198,28 +194,6 @@ class Runtime:
         except redis.RedisError as exc:
             log.warning("cannot read the writer lease: %s", exc)
             return UNKNOWN
-
-    # -- helpers ------------------------------------------------------------------------------------
-
-    def load_checkpoint(self, gpu_type: str, dsl: str, key: str) -> Checkpoint | None:
-        """Read a shape's checkpoint from the results repo's branch tip (None when there is none)."""
-        from croqq.store.load import load_checkpoint
-
-        if self._reader is None:
-            self._reader = self.results_reader()  # reads re-read the branch ref, so caching is safe
-        return load_checkpoint(self._reader, gpu_type, dsl, key) if self._reader is not None else None
-
-    def results_reader(self) -> GitRepo | None:
-        """A read-only view of the results repo's branch tip, or None before the writer created it."""
-        from croqq.store.gitrepo import GitRepo
-
-        path = Path(self.settings.results_repo)
-        if not (path / ".git").exists() and not (path / "HEAD").exists():
-            return None
-        try:
-            return GitRepo.open_existing(path, self.settings.results_branch)
-        except ConfigError:  # the writer is creating it right now: nothing to read yet
-            return None
 
 
 class Completer:

@@ -10,7 +10,7 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 from croqq.delivery import queues
 from croqq.delivery.messages import FillMessage, SubmitMessage, parse
 from croqq.errors import InvalidRecordError
-from croqq.processes.app import app
+from croqq.processes.app import app, too_old
 from croqq.processes.runtime import drain_completer, get_runtime
 from croqq.settings import get_settings
 from croqq.work import housekeeping
@@ -79,25 +79,45 @@ def fill(payload: Any) -> int:
     return coord.fill(msg.gpu_uuid) if msg.gpu_uuid else coord.fill_all()
 
 
-@app.task(name=queues.TASK_RECONCILE)
-def reconcile() -> dict[str, int]:
-    return housekeeping.reconcile(get_runtime())
+def _skip_old(task: Any) -> bool:
+    """A periodic or best-effort message past its maximum age (Redis's clock): skip it."""
+    if too_old(task.request, get_runtime().client):
+        log.info("skipping %s: older than its maximum age", task.name)
+        return True
+    return False
 
 
-@app.task(name=queues.TASK_SUMMARY)
-def summary() -> int:
+@app.task(name=queues.TASK_RECONCILE, bind=True)
+def reconcile(self: Any) -> dict[str, int]:
+    return {} if _skip_old(self) else housekeeping.reconcile(get_runtime())
+
+
+@app.task(name=queues.TASK_GIT_RECONCILE, bind=True)
+def git_reconcile(self: Any) -> dict[str, int]:
+    """Reconcile live state against the results repo (the writer's queue: only the writer reads it)."""
+    from croqq.work.reconcile import reconcile as with_git
+
+    return {} if _skip_old(self) else with_git(get_runtime())
+
+
+@app.task(name=queues.TASK_SUMMARY, bind=True)
+def summary(self: Any) -> int:
     """Refresh every run's compaction-summary.md (the writer's queue, so only the writer writes)."""
     from croqq.store.load import list_runs
 
+    if _skip_old(self):
+        return 0
     writer = get_runtime().writer
     runs = list_runs(writer.repo)
     return sum(1 for gpu, dsl in runs if writer.refresh_summary(gpu, dsl))
 
 
-@app.task(name=queues.TASK_FLUSH)
-def flush() -> bool:
+@app.task(name=queues.TASK_FLUSH, bind=True)
+def flush(self: Any) -> bool:
     """Bring the results repo's index up to date and wake the background pusher (never waits for a push:
     see croqq.store.push). True when a remote is set."""
+    if _skip_old(self):
+        return False
     rt = get_runtime()
     rt.writer.repo.sync_index()
     if rt.pusher is None:
@@ -106,19 +126,23 @@ def flush() -> bool:
     return True
 
 
-@app.task(name=queues.TASK_RECORD)
-def record_submissions() -> int:
+@app.task(name=queues.TASK_RECORD, bind=True)
+def record_submissions(self: Any) -> int:
     """Commit the submissions the results repo does not hold yet (the writer's queue)."""
     from croqq.work.intake import record_submissions as record
 
+    if _skip_old(self):
+        return 0
     rt = get_runtime()
     return record(rt.client, rt.writer)
 
 
-@app.task(name=queues.TASK_GPU_RECHECK)
-def gpu_recheck(payload: Any) -> bool:
+@app.task(name=queues.TASK_GPU_RECHECK, bind=True)
+def gpu_recheck(self: Any, payload: Any) -> bool:
     """Health sweep for a quarantined GPU: back in service when its cool-down is over and the probe finds it
     healthy."""
+    if _skip_old(self):
+        return False
     rt = get_runtime()
     uuid = rt.gpu.uuid
     if not isinstance(payload, dict) or payload.get("gpu_uuid") != uuid:

@@ -84,6 +84,26 @@ def load_checkpoint(repo: GitRepo, gpu: str, dsl: str, key: str) -> Checkpoint |
     return ckpt
 
 
+def load_best_source(repo: GitRepo, ckpt: Checkpoint) -> str:
+    """The logical source of a checkpoint's best kernel, read back from the repo ('' when it has none or
+    it cannot be read: the loop then renders its best knobs). Only the writer reads the repo; it puts this
+    in the loop it rebuilds, so no other host ever needs the repo to know a shape's best kernel."""
+    from croqq.domain.source import SourceError, load_stored
+
+    if not ckpt.best_kernel:
+        return ""
+
+    def read(path: str) -> str | None:
+        data = repo.read(path)
+        return data.decode("utf-8") if data is not None else None
+
+    try:
+        return load_stored(ckpt.best_kernel, read)[0]
+    except SourceError as exc:
+        log.warning("%s: cannot read the stored best kernel back (%s); using its knobs", ckpt.key, exc)
+        return ""
+
+
 def load_state(repo: GitRepo, gpu: str, dsl: str) -> StateFile | None:
     """A run's state.json at the tip; None when there is none."""
     path = paths.RunPaths(gpu, dsl).state_json

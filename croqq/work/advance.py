@@ -7,7 +7,6 @@ leaves its GPU slot; after the commit its GPU is filled again.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +28,8 @@ class Advance:
         self.on_stored = list(on_stored or [])
         self.refill = refill
 
-    def apply(self, record: StepRecord, state: ShapeState, event: Any) -> Write:
+    def apply(self, record: StepRecord, state: ShapeState, event: Any, now: float) -> Write:
         before = state.model_copy(deep=True)
-        now = time.time()
         state.iter_exec_s += max(0.0, now - record.started_at)
         state.loop = transition(state.loop, event)
         if state.loop.phase == Phase.DECIDE:

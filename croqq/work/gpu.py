@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from croqq.backends._base import GpuContext
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.domain.records import GpuSnapshot, Measurement
 from croqq.errors import GpuLeaseLostError, GpuUnavailableError
 from croqq.processes.runtime import Runtime
@@ -28,7 +28,7 @@ def _claim_for(rt: Runtime, gpu: GpuContext, what: str) -> None:
     ident = rt.gpu_identity
     pipe = rt.client.pipeline(transaction=False)
     pipe.get(keys.lease(f"gpu:{ident.uuid}"))
-    pipe.hset(keys.gpu(gpu.uuid), mapping={"current": what, "since": repr(time.time())})
+    pipe.hset(keys.gpu(gpu.uuid), mapping={"current": what, "since": repr(clock.now(rt.client))})
     holder = pipe.execute()[0]
     if ident.owner and holder not in (None, ident.owner):
         raise GpuLeaseLostError(f"GPU {ident.uuid} lease is held by {holder}, not this worker")
@@ -65,8 +65,8 @@ def after_run(gpu: GpuContext, measurement: Measurement) -> None:
 @contextmanager
 def busy(rt: Runtime, gpu: GpuContext) -> Iterator[None]:
     """Count the time the GPU works (duty cycle); clear its 'current step' afterwards."""
-    start = time.time()
+    start = clock.now(rt.client)
     try:
         yield
     finally:
-        stats.record_busy(rt.client, gpu.uuid, start, time.time(), clear_current=keys.gpu(gpu.uuid))
+        stats.record_busy(rt.client, gpu.uuid, start, clock.now(rt.client), clear_current=keys.gpu(gpu.uuid))

@@ -11,12 +11,11 @@ clears the records its stopped predecessors left.
 from __future__ import annotations
 
 import os
-import time
 
 import redis
 from pydantic import BaseModel
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 
 ENV_WORKER = "CROQQ_WORKER_NAME"  # set by the worker's main process, inherited by its pool children
 ENV_ROLE = "CROQQ_WORKER_ROLE"
@@ -39,7 +38,7 @@ def label() -> str:
 
 def record(client: redis.Redis, reason: str) -> None:
     problem = HostProblem(
-        worker=label(), role=os.environ.get(ENV_ROLE, ""), reason=reason[:300], at=time.time()
+        worker=label(), role=os.environ.get(ENV_ROLE, ""), reason=reason[:300], at=clock.now(client)
     )
     client.hset(keys.HOST_PROBLEMS, problem.worker, problem.model_dump_json())
 

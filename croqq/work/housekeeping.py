@@ -4,30 +4,29 @@ are harmless (every repair is a Redis transaction that re-checks its premise).
 Each tick: re-queue steps whose lease expired (epoch + 1), publish outbox entries a crash left behind,
 forget dead workers and re-publish steps queued before their consumer died, release the shapes of GPUs
 whose worker is gone for good, re-probe quarantined GPUs, repair shapes left without a step, fill GPUs,
-and after a Redis restart, restore or flush, and on a schedule, reconcile live state against the results
-repo (:mod:`croqq.work.reconcile`: git is the truth).
+and after a Redis restart, restore or flush, and on a schedule, ask the writer to reconcile live state
+against the results repo (:mod:`croqq.work.reconcile`: git is the truth; only the writer has the repo).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.ledger import StepRecord
-from croqq.delivery.queues import TASK_GPU_RECHECK
+from croqq.delivery.queues import STORE, TASK_GIT_RECONCILE, TASK_GPU_RECHECK
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase
 from croqq.placement import registry
 from croqq.processes.runtime import Runtime
-from croqq.work.reconcile import reconcile as with_git
 from croqq.work.reconcile import redis_forgot
 
 log = logging.getLogger(__name__)
 OUTBOX_GRACE_S = 2.0
 UNSTICK_EVERY_S = 10.0
+GIT_RECONCILE_MAX_AGE_S = 30.0  # a reconcile request older than this is skipped (a newer one follows)
 
 
 def _every(rt: Runtime, name: str, seconds: float) -> bool:
@@ -38,7 +37,7 @@ def _every(rt: Runtime, name: str, seconds: float) -> bool:
 def reconcile(rt: Runtime) -> dict[str, int]:
     out: dict[str, int] = {}
     if git_reconcile_due(rt):
-        out |= {f"git_{k}": v for k, v in with_git(rt).items()}
+        out["git_reconcile"] = ask_writer_to_reconcile()
     out["expired"] = rt.ledger.expire_leases()
     out["outbox"] = rt.ledger.flush_outbox(OUTBOX_GRACE_S)
     out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
@@ -56,12 +55,20 @@ def reconcile(rt: Runtime) -> dict[str, int]:
 
 def git_reconcile_due(rt: Runtime) -> bool:
     """After a Redis restart, restore or flush (checked every tick), and on the git reconcile schedule."""
-    if redis_forgot(rt) and _every(rt, "git-reconcile-now", 2.0):
+    if redis_forgot(rt.client) and _every(rt, "git-reconcile-now", 2.0):
         log.warning(
             "Redis restarted, was restored or flushed: reconciling live state against the results repo"
         )
         return True
     return _every(rt, "git-reconcile", rt.settings.git_reconcile_every_s)
+
+
+def ask_writer_to_reconcile() -> int:
+    """Send the writer (the only process with the results repo) its reconcile task; a stale one is skipped."""
+    from croqq.processes.app import app, max_age
+
+    app.send_task(TASK_GIT_RECONCILE, queue=STORE, **max_age(GIT_RECONCILE_MAX_AGE_S))
+    return 1
 
 
 def republish_after_resets(rt: Runtime) -> int:
@@ -77,7 +84,7 @@ def republish_after_resets(rt: Runtime) -> int:
     for queue in set(filter(None, step_queues)):
         raw = rt.client.get(keys.queue_reset(queue))
         resets[queue] = float(raw) if raw else 0.0
-    now = time.time()
+    now = clock.now(rt.client)
     stale = [
         step_id
         for (step_id, published), queue in zip(queued, step_queues, strict=True)
@@ -88,7 +95,7 @@ def republish_after_resets(rt: Runtime) -> int:
 
 def recheck_quarantined(rt: Runtime) -> int:
     """Ask the worker of each quarantined GPU whose cool-down is over to probe it again."""
-    from croqq.processes.app import app
+    from croqq.processes.app import app, max_age
 
     count, cooldown = 0, rt.settings.quarantine_cooldown_s
     for gpu in registry.all_gpus(rt.client):
@@ -99,7 +106,7 @@ def recheck_quarantined(rt: Runtime) -> int:
                 TASK_GPU_RECHECK,
                 args=[{"gpu_uuid": gpu.uuid}],
                 queue=gpu.queue,
-                expires=rt.settings.recheck_every_s,
+                **max_age(rt.settings.recheck_every_s),
             )
             count += 1
     return count

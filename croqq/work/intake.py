@@ -1,20 +1,23 @@
 """Intake: registers submitted shapes (idempotently: a resubmission resumes, reopens or skips) and
 recreates live state from the results repo after a cold start; then hands the GPUs to placement.
 Stateless: every registration is a Redis transaction, so any number of coordinators can run at once.
+
+A submission is registered from Redis alone (any host may submit); only the writer, which alone has the
+results repo, registers shapes from their checkpoints (``rebuild_from_repo``, ``register_recorded`` with
+its repo), when Redis forgot them. ``croqq submit`` waits for that to have happened after a Redis restart.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.ledger import Ledger
 from croqq.delivery.messages import SubmitMessage
 from croqq.delivery.redis_client import strs
@@ -24,15 +27,14 @@ from croqq.domain.manifest import Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule
 from croqq.placement.assign import Placement, release_gpu
 from croqq.settings import Settings
-from croqq.store.schema import Checkpoint, SubmissionRecord
+from croqq.store.schema import SubmissionRecord
 from croqq.work.persist import loop_from_checkpoint, new_loop, now_iso
 
 if TYPE_CHECKING:
+    from croqq.store.gitrepo import GitRepo
     from croqq.store.writer import ResultsWriter
 
 log = logging.getLogger(__name__)
-
-CheckpointLoader = Callable[[str, str, str], Checkpoint | None]
 
 
 @dataclass
@@ -56,14 +58,12 @@ class Intake:
         client: redis.Redis,
         ledger: Ledger,
         placement: Placement,
-        checkpoints: CheckpointLoader | None = None,
     ) -> None:
         self.settings = settings
         self.manifest = manifest
         self.client = client
         self.ledger = ledger
         self.placement = placement
-        self.checkpoints = checkpoints
 
     # -- submit ----------------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ class Intake:
         pipe.set(keys.submission(msg.submission), json.dumps(report.sids))
         pipe.rpush(keys.SUBMISSIONS, msg.submission)
         pipe.set(keys.submitted(msg.submission), msg.model_dump_json())  # until the writer records it
-        pipe.zadd(keys.UNRECORDED, {msg.submission: time.time()})
+        pipe.zadd(keys.UNRECORDED, {msg.submission: clock.now(self.client)})
         pipe.execute()
         log.info(
             "submission %s: %d new, %d resumed, %d reopened, %d already complete, %d parked",
@@ -92,12 +92,16 @@ class Intake:
         self.placement.fill_all(msg.gpu_type)
         return report
 
-    def _fresh_state(self, sid: str, entry: ScheduledShape, msg: SubmitMessage) -> tuple[ShapeState, str]:
-        ckpt = self.checkpoints(msg.gpu_type, msg.dsl, entry.key) if self.checkpoints else None
-        if ckpt is None:
+    def _fresh_state(
+        self, sid: str, entry: ScheduledShape, msg: SubmitMessage, repo: GitRepo | None
+    ) -> tuple[ShapeState, str]:
+        from croqq.store.load import load_best_source, load_checkpoint
+
+        ckpt = load_checkpoint(repo, msg.gpu_type, msg.dsl, entry.key) if repo is not None else None
+        if repo is None or ckpt is None:
             loop, outcome = new_loop(self.settings, msg.max_iter), "new"
         else:
-            loop = loop_from_checkpoint(ckpt, self.settings, msg.max_iter)
+            loop = loop_from_checkpoint(ckpt, self.settings, msg.max_iter, load_best_source(repo, ckpt))
             outcome = "skipped" if loop.phase == Phase.DONE else "resumed"
         state = ShapeState(
             sid=sid,
@@ -117,11 +121,16 @@ class Intake:
         )
         return state, outcome
 
-    def _register(self, sid: str, entry: ScheduledShape, msg: SubmitMessage) -> str:
+    def _register(
+        self, sid: str, entry: ScheduledShape, msg: SubmitMessage, repo: GitRepo | None = None
+    ) -> str:
+        """Register one shape (a transaction); a shape Redis does not know starts from its checkpoint in
+        ``repo`` (the writer's), else as new."""
+
         def body(pipe: Any) -> str:
             state = self.ledger.load_shape(sid, pipe)
             if state is None:
-                state, outcome = self._fresh_state(sid, entry, msg)
+                state, outcome = self._fresh_state(sid, entry, msg, repo)
                 pipe.multi()
                 pipe.sadd(keys.SHAPES, sid)
                 if outcome != "skipped":
@@ -168,9 +177,9 @@ class Intake:
             self.placement.fill_all()
         return resumed
 
-    def register_recorded(self, records: list[SubmissionRecord]) -> int:
-        """Register again the shapes of recorded submissions that Redis no longer knows (it was flushed
-        or restored from an older snapshot); returns how many."""
+    def register_recorded(self, records: list[SubmissionRecord], repo: GitRepo) -> int:
+        """The writer: register again the shapes of recorded submissions that Redis no longer knows (it
+        was flushed or restored from an older snapshot); returns how many."""
         count = 0
         for rec in records:
             missing = [
@@ -189,7 +198,7 @@ class Intake:
                 shapes=missing,
             )
             for entry in missing:
-                self._register(make_sid(rec.gpu_type, rec.dsl, entry.key), entry, msg)
+                self._register(make_sid(rec.gpu_type, rec.dsl, entry.key), entry, msg, repo)
             count += len(missing)
         if count:
             log.warning("registered %d shape(s) of recorded submissions that Redis had forgotten", count)
@@ -199,20 +208,21 @@ class Intake:
 
     def rebuild_from_repo(
         self,
+        repo: GitRepo,
         runs: list[tuple[str, str]],
         state_keys: Callable[[str, str], list[str]],
         restore: Callable[[str], None],
     ) -> int:
-        """Register the shapes ``state_keys`` names from their checkpoints (Redis forgot them), calling
-        ``restore(sid)`` for each that resumes (its tried ideas and history); returns how many resume (the
-        others are complete)."""
-        if self.checkpoints is None:
-            return 0
+        """The writer: register the shapes ``state_keys`` names from their checkpoints in ``repo`` (Redis
+        forgot them), calling ``restore(sid)`` for each that resumes (its tried ideas and history); returns
+        how many resume (the others are complete)."""
+        from croqq.store.load import load_checkpoint
+
         ranks = {s.key: s for s in build_schedule(self.manifest, "all")}
         count = 0
         for gpu_type, dsl in runs:
             for key in state_keys(gpu_type, dsl):
-                ckpt = self.checkpoints(gpu_type, dsl, key)
+                ckpt = load_checkpoint(repo, gpu_type, dsl, key)
                 if ckpt is None:
                     continue
                 entry = ranks.get(key) or ScheduledShape(
@@ -234,7 +244,7 @@ class Intake:
                     shapes=[entry],
                 )
                 sid = make_sid(gpu_type, dsl, key)
-                if self._register(sid, entry, msg) == "resumed":
+                if self._register(sid, entry, msg, repo) == "resumed":
                     restore(sid)
                     count += 1
         if count:

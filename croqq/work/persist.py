@@ -174,10 +174,14 @@ def store_request(
     )
 
 
-def loop_from_checkpoint(ckpt: Checkpoint, settings: Settings, max_iter: int | None = None) -> Loop:
-    """Resume a loop after its last stored iteration (PROFILE first: the GPU may be a different one)."""
+def loop_from_checkpoint(
+    ckpt: Checkpoint, settings: Settings, max_iter: int | None = None, best_source: str = ""
+) -> Loop:
+    """Resume a loop after its last stored iteration (PROFILE first: the GPU may be a different one).
+    ``best_source``: the best kernel's source read back by the writer (``store.load.load_best_source``)."""
     limit = max(max_iter or ckpt.max_iter, ckpt.max_iter)
     base = Loop(
+        best_source=best_source,
         max_iter=limit,
         profile_every=settings.profile_every,
         noise_margin=settings.noise_margin,
@@ -205,11 +209,13 @@ def new_loop(settings: Settings, max_iter: int) -> Loop:
     return Loop(max_iter=max_iter, profile_every=settings.profile_every, noise_margin=settings.noise_margin)
 
 
-def resumable_loop(ckpt: Checkpoint | None, settings: Settings, max_iter: int) -> Loop:
+def resumable_loop(ckpt: Checkpoint | None, settings: Settings, max_iter: int, best_source: str = "") -> Loop:
     """The loop the repo says a shape is at, ready to be stepped: after its last stored iteration, or
     from its baseline when the repo holds nothing of it."""
     loop = (
-        loop_from_checkpoint(ckpt, settings, max_iter) if ckpt is not None else new_loop(settings, max_iter)
+        loop_from_checkpoint(ckpt, settings, max_iter, best_source)
+        if ckpt is not None
+        else new_loop(settings, max_iter)
     )
     return transition(loop, Start()) if loop.phase == Phase.INIT else loop
 

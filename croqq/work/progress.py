@@ -6,13 +6,12 @@ Reads only small keys: the per-shape summary hash, counters, the GPU registry an
 from __future__ import annotations
 
 import json
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import redis
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.state import ShapeSummary
 from croqq.placement import registry
 from croqq.work import agents, hosts, stats
@@ -101,7 +100,7 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
             )
         )
     return Snapshot(
-        at=time.time(),
+        at=clock.now(client),
         dtypes=dtypes,
         gpus=gpus,
         counters=stats.counters(client),

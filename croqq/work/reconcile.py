@@ -13,6 +13,10 @@ results repo after every Redis restart (its run id changed, or the marker is gon
 
 Every repair is a transaction on the shape's key that re-reads the checkpoint after WATCH, so a STORE
 committed meanwhile either shows in the checkpoint or aborts the repair.
+
+It runs in the writer (a task on the ``store`` queue that the coordinator's housekeeping sends when it is
+due), the only process with the results repo; a rebuilt loop carries its best kernel's source, read back
+here, so no other host ever reads the repo.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import logging
 import time
 from typing import TYPE_CHECKING, Any
+
+import redis
 
 from croqq.delivery import keys
 from croqq.delivery.ledger import QUEUED, RUNNING, StepRecord
@@ -37,23 +43,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def redis_run_id(rt: Runtime) -> str:
-    return str(rt.client.info("server")["run_id"])
+def redis_run_id(client: redis.Redis) -> str:
+    return str(client.info("server")["run_id"])
 
 
-def redis_forgot(rt: Runtime) -> bool:
-    """True when Redis restarted, was restored or flushed since live state was last reconciled."""
-    return text(rt.client.get(keys.REDIS_RUN)) != redis_run_id(rt)
+def redis_forgot(client: redis.Redis) -> bool:
+    """True when Redis restarted, was restored or flushed since the writer last reconciled live state."""
+    return text(client.get(keys.REDIS_RUN)) != redis_run_id(client)
 
 
 def reconcile(rt: Runtime) -> dict[str, int]:
     """Reconcile every shape against the results repo; returns counts of what was repaired."""
     started = time.monotonic()
-    run_id = redis_run_id(rt)
-    repo = rt.results_reader()
-    if repo is None:  # no repo yet: nothing was ever stored, so Redis holds all there is
-        rt.client.set(keys.REDIS_RUN, run_id)
-        return {}
+    run_id = redis_run_id(rt.client)
+    repo = rt.writer.repo
     out = {"registered": register_missing(rt, repo), "adopted": 0, "rerun": 0}
     for sid in sorted(strs(rt.client.smembers(keys.SHAPES))):
         outcome = _reconcile_shape(rt, repo, sid)
@@ -89,14 +92,14 @@ def register_missing(rt: Runtime, repo: GitRepo) -> int:
         history.rebuild(rt.client, repo, sid)
 
     runs = list_runs(repo)
-    count = rt.intake.rebuild_from_repo(runs, state_keys, restore)
-    return count + sum(rt.intake.register_recorded(load_submissions(repo, g, d)) for g, d in runs)
+    count = rt.intake.rebuild_from_repo(repo, runs, state_keys, restore)
+    return count + sum(rt.intake.register_recorded(load_submissions(repo, g, d), repo) for g, d in runs)
 
 
 def _reconcile_shape(rt: Runtime, repo: GitRepo, sid: str) -> str:
     """'' when the shape agrees with the repo (or its STORE will settle it); else 'adopted' (git ahead)
     or 'rerun' (Redis ahead) after the repair."""
-    from croqq.store.load import load_checkpoint
+    from croqq.store.load import load_best_source, load_checkpoint
 
     gpu_type, dsl, key = split_sid(sid)
 
@@ -122,7 +125,8 @@ def _reconcile_shape(rt: Runtime, repo: GitRepo, sid: str) -> str:
         if step is not None and in_flight:
             rt.ledger.drop_step(pipe, step.step_id)
         state.step_id = None
-        state.loop = resumable_loop(ckpt, rt.settings, state.loop.max_iter)
+        best = load_best_source(repo, ckpt) if ckpt else ""
+        state.loop = resumable_loop(ckpt, rt.settings, state.loop.max_iter, best)
         state.needs_rebase = state.loop.current_iter >= 0
         nxt = None
         if state.loop.phase == Phase.DONE:

@@ -9,12 +9,11 @@ croqq:gpu_busy:<uuid>   hash: busy_s, steps, first, last (duty cycle)
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import redis
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Stored
 
@@ -34,9 +33,10 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
     pipe.hincrby(keys.STATS, "stored", 1)
     pipe.hincrby(keys.STATS, f"stored:{before.dtype}", 1)
     pipe.hincrby(keys.STATS, "FAIL" if decision.startswith("FAIL_") else decision, 1)
-    overhead_ms = 1000.0 * max(0.0, (time.time() - before.iter_t0) - before.iter_exec_s)
-    pipe.lpush(OVERHEAD, f"{overhead_ms:.3f}")
-    pipe.ltrim(OVERHEAD, 0, OVERHEAD_CAP - 1)
+    if before.iter_t0 > 0:
+        overhead_ms = 1000.0 * max(0.0, (clock.now(pipe) - before.iter_t0) - before.iter_exec_s)
+        pipe.lpush(OVERHEAD, f"{overhead_ms:.3f}")
+        pipe.ltrim(OVERHEAD, 0, OVERHEAD_CAP - 1)
 
 
 def record_busy(client: redis.Redis, uuid: str, start: float, end: float, clear_current: str = "") -> None:
