@@ -1,4 +1,5 @@
-"""Process commands: one per role (coordinator, build, ideate, writer, beat, GPU workers, Flower)."""
+"""Process commands: one per role (coordinator, build, ideate, writer, beat, GPU workers, Flower), and
+`croqq health`, their container probe."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import typer
 
-from croqq.cli import app
+from croqq.cli import app, fail
 from croqq.cli.common import load_settings
 from croqq.delivery import queues
 from croqq.logs import configure
@@ -134,7 +135,10 @@ def worker(
 ) -> None:
     """Run one GPU worker process per GPU (prefork, concurrency 1, CUDA_VISIBLE_DEVICES=<uuid>), restarting
     any that dies. With no NVIDIA GPU (NVML finds none) it runs CROQQ_SIM_GPUS simulated GPUs."""
+    from croqq.processes import health as hc
+    from croqq.processes.boot import host_name
     from croqq.processes.local import gpu_children
+    from croqq.processes.runtime import ENV_GPU_UUID
     from croqq.processes.supervise import Supervisor
 
     _prepare(log_level)
@@ -142,10 +146,16 @@ def worker(
     children = gpu_children(gpus, settings, log_level)
     sup = Supervisor(children)
     sup.start_all()
+    uuids = [c.env[ENV_GPU_UUID] for c in children]
+    gpus_ready = lambda: hc.gpu_problems(settings, uuids)  # noqa: E731
+    hb = hc.start_heartbeat(
+        settings, hc.Reporter(settings, "worker", f"worker@{host_name()}", problems=gpus_ready)
+    )
     typer.echo(
         f"started {len(children)} GPU worker(s); logs in {settings.run_dir / 'logs'}; Ctrl-C stops them"
     )
     _supervise_until_signal(sup)
+    hb.stop()
 
 
 def _supervise_until_signal(sup: object) -> None:
@@ -168,8 +178,11 @@ def flower(
     address: str = typer.Option("127.0.0.1", "--address"),
 ) -> None:
     r"""Run Flower (monitoring UI, Prometheus metrics at /metrics). Needs `pip install 'croqq\[flower]'`;
-    workers send task events when CROQQ_TASK_EVENTS=true."""
+    workers send task events when CROQQ_TASK_EVENTS=true. CROQQ_FLOWER_BASIC_AUTH (user:password[,...])
+    turns on HTTP basic auth (handed to Flower inside this process, never on a command line)."""
     from croqq.errors import ConfigError
+    from croqq.processes import health as hc
+    from croqq.processes.boot import host_name
 
     try:
         import flower  # noqa: F401
@@ -177,4 +190,37 @@ def flower(
         raise ConfigError("Flower is not installed; pip install 'croqq[flower]'") from exc
     from croqq.processes.app import app as celery_app
 
-    celery_app.start(["flower", f"--port={port}", f"--address={address}"])
+    settings = load_settings()
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if settings.flower_basic_auth is not None:
+        argv.append(f"--basic_auth={settings.flower_basic_auth.get_secret_value()}")
+    local = "127.0.0.1" if address in ("", "0.0.0.0", "::") else address
+    serves = lambda: hc.http_problems(f"http://{local}:{port}/healthcheck")  # noqa: E731
+    hc.start_heartbeat(settings, hc.Reporter(settings, "flower", f"flower@{host_name()}", problems=serves))
+    celery_app.start(argv)
+
+
+@app.command()
+def health(
+    role: str = typer.Option(
+        ..., "--role", help="coordinator | build | ideate | writer | beat | gpu | worker | flower."
+    ),
+    name: str = typer.Option("", "--name", help="The process's name in its role (a GPU worker: its UUID)."),
+    ready: bool = typer.Option(False, "--ready", help="Also require that its last beat reached Redis."),
+    max_age: float = typer.Option(
+        0.0,
+        "--max-age",
+        min=0,
+        help="Oldest heartbeat accepted, seconds (default 3 beats: 0.75 x LEASE_TTL_S).",
+    ),
+) -> None:
+    """Exit 0 when this host's ROLE process is alive (its heartbeat file, written every beat, is fresh)
+    and, with --ready, ready (its last beat reached Redis; a GPU worker holds its GPU lease; `worker`, the
+    supervisor: all its GPU workers are ready); else print one line saying what is wrong and exit 1.
+    A container probe: run it where the process runs (same host, same CROQQ_HEALTH_DIR)."""
+    from croqq.processes import health as hc
+
+    verdict = hc.check(load_settings(), role, name, want_ready=ready, max_age_s=max_age or None)
+    if not verdict.ok:
+        fail(f"{role}: {verdict.line}")
+    typer.echo(f"{role}: {verdict.line}")

@@ -27,6 +27,7 @@ from croqq.delivery import keys, queues
 from croqq.delivery.leases import Heartbeat, Lease, owner_id
 from croqq.delivery.redis_client import connect
 from croqq.placement import registry
+from croqq.processes import health
 from croqq.processes.runtime import ENV_GPU_OWNER
 from croqq.processes.supervise import EXIT_CONFIG
 from croqq.settings import Settings, get_settings
@@ -112,6 +113,7 @@ def run_celery_worker(
         hb.add("lease", lambda: _renew_or_die(lease, role))
     if extra_beats is not None:
         extra_beats(hb)
+    hb.add("health", health.reporter(settings, role, node_name))
     hb.start()
     try:
         app.worker_main(celery_argv(queue, node, pool, concurrency, loglevel, prefetch))
@@ -263,6 +265,7 @@ def run_beat(settings: Settings, loglevel: str = "INFO") -> None:
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what="the beat lock")
     hb = Heartbeat(settings.lease_ttl_s / 4, name="croqq-beat-heartbeat")
     hb.add("lease", lambda: _renew_or_die(lease, "beat"))
+    hb.add("health", health.reporter(settings, "beat", f"beat@{host_name()}"))
     hb.start()
     try:
         Beat(
