@@ -62,3 +62,19 @@ class GpuUnavailableError(RetryableError):
 
 class GpuLeaseLostError(RetryableError):
     """This worker no longer holds its GPU's lease; the step must go back to the queue untouched."""
+
+
+class ArtifactMissingError(CroqqError):
+    """A built artifact a GPU step needs is not in the artifact store (it expired, or was never stored)
+    or failed verification on arrival. Not the shape's fault and not a reason to compile on the GPU host:
+    the step's result clears the loop's reference to it (``ArtifactLost``), so a build host rebuilds it.
+    ``artifact`` is the backend's artifact string the step was handed ('' when not known yet)."""
+
+    def __init__(self, message: str, artifact: str = "") -> None:
+        super().__init__(message)
+        self.artifact = artifact
+
+
+class ArtifactTooLargeError(CroqqError):
+    """A build produced more bytes than the artifact store accepts (``artifact_max_bytes``); the backend
+    turns it into a failed build outcome with this message."""

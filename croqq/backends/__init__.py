@@ -6,15 +6,17 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from croqq.backends._base import Backend
+    from croqq.delivery.artifacts import ArtifactStore
     from croqq.domain.manifest import Manifest
     from croqq.settings import Settings
 
 
-def make_backend(settings: Settings, manifest: Manifest) -> Backend:
+def make_backend(settings: Settings, manifest: Manifest, artifacts: ArtifactStore | None = None) -> Backend:
+    """The configured backend; ``artifacts`` is the cluster's artifact store (default: this host only)."""
     if settings.backend == "cuda":
         from croqq.backends.cuda import CudaBackend
 
-        return CudaBackend(manifest, settings)
+        return CudaBackend(manifest, settings, artifacts)
     from croqq.backends.sim import SimBackend
 
-    return SimBackend(manifest, settings)
+    return SimBackend(manifest, settings, artifacts)

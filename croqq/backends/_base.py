@@ -1,5 +1,11 @@
 """The backend interface: ``build``, ``measure`` and ``profile`` a candidate.
 
+A build's bytes never travel as a path: ``build`` puts them in the artifact store
+(:mod:`croqq.delivery.artifacts`) and the artifact string in step state is a small :class:`KernelRef`
+(what was built, for which shape, and the content reference of its bytes). ``measure`` and ``profile``
+get the bytes back by that reference, verified, and never build: a missing or corrupt artifact raises
+:class:`~croqq.errors.ArtifactMissingError` naming the artifact string, and a build host rebuilds it.
+
 The measurement protocol that does not depend on the hardware (re-measure the best after a migration,
 confirm an apparent win by interleaving candidate and best on the same GPU, the 0.5x/1.5x sanity rule)
 is a concrete helper here, so the simulated and the CUDA backend follow it identically.
@@ -9,18 +15,25 @@ from __future__ import annotations
 
 import statistics
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from croqq.delivery.artifacts import ArtifactRef, ArtifactStore
 from croqq.domain.decide import needs_confirmation
 from croqq.domain.knobs import Candidate
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import BuildOutcome, Confirmation, Measurement, MeasureResult, Profile
 from croqq.domain.shapes import Shape
+from croqq.errors import ArtifactMissingError, ArtifactTooLargeError, InvalidRecordError
 from croqq.probes._base import GpuProbe
 from croqq.settings import Settings
 
 CONFIRM_ROUNDS = 3
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -33,14 +46,32 @@ class GpuContext:
     probe: GpuProbe
 
 
+class KernelRef(BaseModel):
+    """The artifact string a build hands on in step state (a few hundred bytes, whatever was built)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: str
+    key: str
+    dsl: str
+    content_hash: str
+    artifact: ArtifactRef
+
+
 class Backend(ABC):
-    """Implementations: :class:`croqq.backends.sim.SimBackend`, :class:`croqq.backends.cuda.CudaBackend`."""
+    """Implementations: :class:`croqq.backends.sim.SimBackend`, :class:`croqq.backends.cuda.CudaBackend`.
+
+    ``artifacts`` is where builds put their bytes and GPU steps get them; without one, this host's
+    folder-only store (single-host tools and tests)."""
 
     name: str = "base"
 
-    def __init__(self, manifest: Manifest, settings: Settings) -> None:
+    def __init__(
+        self, manifest: Manifest, settings: Settings, artifacts: ArtifactStore | None = None
+    ) -> None:
         self.manifest = manifest
         self.settings = settings
+        self.artifacts = artifacts or ArtifactStore(settings)
 
     @abstractmethod
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
@@ -57,6 +88,62 @@ class Backend(ABC):
     def vendor_tflops(self, gpu: GpuContext, shape: Shape) -> float | None:
         """The vendor library's figure for this shape (cuBLAS), where the backend has one."""
         return None
+
+    # -- artifacts ----------------------------------------------------------------------------------
+
+    def built(
+        self, shape: Shape, candidate: Candidate, payload: bytes, log: str, seconds: float = 0.0
+    ) -> BuildOutcome:
+        """A successful build's outcome: ``payload`` put in the artifact store, its reference in the
+        artifact string (a payload over the store's cap is a failed build, with the reason)."""
+        try:
+            ref = self.artifacts.put(payload)
+        except ArtifactTooLargeError as exc:
+            return BuildOutcome(ok=False, reason=str(exc), log=log, seconds=seconds)
+        kernel = KernelRef(
+            backend=self.name,
+            key=shape.key,
+            dsl=candidate.dsl,
+            content_hash=candidate.content_hash,
+            artifact=ref,
+        )
+        return BuildOutcome(ok=True, artifact=kernel.model_dump_json(), log=log, seconds=seconds)
+
+    def kernel_ref(self, shape: Shape, artifact: str) -> KernelRef:
+        """The reference in an artifact string; one this backend cannot use (another format, another
+        backend) is missing, so that a build host builds it again."""
+        try:
+            ref = KernelRef.model_validate_json(artifact)
+        except ValidationError as exc:
+            raise ArtifactMissingError(
+                f"{shape.key}: {artifact[:80]!r} is not a reference to a stored artifact", artifact
+            ) from exc
+        if ref.backend != self.name:
+            raise ArtifactMissingError(
+                f"{shape.key}: artifact {ref.artifact.short} was built by the {ref.backend} backend, "
+                f"not {self.name}",
+                artifact,
+            )
+        if ref.key != shape.key:
+            raise InvalidRecordError(
+                f"artifact {ref.artifact.short} was built for {ref.key}, not {shape.key}"
+            )
+        return ref
+
+    def fetch(self, shape: Shape, artifact: str) -> bytes:
+        """GPU side: an artifact's verified bytes (this host's cache, else Redis); never builds."""
+        return self._fetched(shape, artifact, self.artifacts.get)
+
+    def fetch_file(self, shape: Shape, artifact: str) -> Path:
+        """GPU side: the verified local file of an artifact (fetched when this host has none)."""
+        return self._fetched(shape, artifact, self.artifacts.path)
+
+    def _fetched(self, shape: Shape, artifact: str, get: Callable[[ArtifactRef], T]) -> T:
+        ref = self.kernel_ref(shape, artifact)
+        try:
+            return get(ref.artifact)
+        except ArtifactMissingError as exc:
+            raise ArtifactMissingError(f"{shape.key}: {exc}", artifact) from exc
 
     # -- shared protocol ----------------------------------------------------------------------------
 

@@ -3,11 +3,13 @@
 - **build** (build workers): the candidate's source goes to ``<build dir>/<key>-<hash>/cand.cu`` with its
   headers beside it (nothing is included from croqq's checkout) and is compiled with its flags (its own
   timeout, ``compile_timeout_s``); a failure is a BuildOutcome with the compiler's first error line and
-  the log's tail, never an exception. A binary already built for the same content hash is reused.
-- **measure** (GPU workers): runs the binary with ``CUDA_VISIBLE_DEVICES=<uuid>`` under ``run_timeout_s``
-  in its own process group (a hang kills the group), parses the harness's JSON line (see
-  ``kernels/README.md``) and records clocks, temperature and clock-event reasons before and after. A binary
-  built on another host is rebuilt here from the artifact's source. Several artifacts are run alternately.
+  the log's tail, never an exception. A binary already built for the same content hash is reused. The
+  binary's bytes go into the artifact store; the artifact string names them by sha256, not by path.
+- **measure** (GPU workers): gets the binary from the artifact store (this host's cache, else Redis,
+  verified by sha256, written executable to the cache; a GPU host never compiles), runs it with
+  ``CUDA_VISIBLE_DEVICES=<uuid>`` under ``run_timeout_s`` in its own process group (a hang kills the
+  group), parses the harness's JSON line (see ``kernels/README.md``) and records clocks, temperature and
+  clock-event reasons before and after. Several artifacts are run alternately.
 - **profile**: ``ncu --csv`` with a fixed metric set on the candidate kernel; the bottleneck is classified
   from throughput and duration (:func:`classify`).
 - **vendor_tflops**: the harness's ``--cublas`` mode on the same shape.
@@ -23,16 +25,15 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from croqq.backends._base import Backend, GpuContext
-from croqq.backends.toolchain import candidate_of, knob_candidate
+from croqq.backends._base import Backend, GpuContext, KernelRef
+from croqq.backends.toolchain import knob_candidate
 from croqq.domain.knobs import Candidate, seed_knobs
 from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
@@ -56,20 +57,7 @@ STATUS_OUTCOME: dict[str, Outcome] = {
     "error": "crash",
 }
 LOG_TAIL = 4000
-
-
-class CudaArtifact(BaseModel):
-    """What a build hands to the GPU worker: enough to find the binary, or to rebuild it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    backend: str = "cuda"
-    key: str
-    dsl: str
-    content_hash: str
-    knobs: dict[str, int]
-    binary: str
-    source: str = Field("", description="The logical source, so that another host can rebuild it.")
+EXEC = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
 
 
 @dataclass(frozen=True)
@@ -204,19 +192,14 @@ class CudaBackend(Backend):
             *spec.libs,
         ]
 
+    def _folder(self, key: str, content_hash: str) -> Path:
+        return self.build_dir / f"{key}-{content_hash[:12]}"
+
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
-        folder = self.build_dir / f"{shape.key}-{candidate.short_hash}"
+        folder = self._folder(shape.key, candidate.content_hash)
         binary = folder / "gemm"
-        artifact = CudaArtifact(
-            key=shape.key,
-            dsl=candidate.dsl,
-            content_hash=candidate.content_hash,
-            knobs=candidate.knobs,
-            binary=str(binary.resolve()),
-            source=candidate.source,
-        ).model_dump_json()
         if binary.exists():
-            return BuildOutcome(ok=True, artifact=artifact, log="(cached)")
+            return self.built(shape, candidate, binary.read_bytes(), "(cached)")
         folder.mkdir(parents=True, exist_ok=True)
         source = write_sources(folder, candidate)
         command = self.compile_command(candidate, source, folder / "gemm.tmp")
@@ -232,30 +215,20 @@ class CudaBackend(Backend):
         if run.returncode != 0:
             return BuildOutcome(ok=False, reason=first_error(text), log=text)
         os.replace(folder / "gemm.tmp", binary)
-        return BuildOutcome(ok=True, artifact=artifact, log=text)
+        return self.built(shape, candidate, binary.read_bytes(), text)
 
-    @staticmethod
-    def artifact_binary(artifact: str) -> str:
-        return CudaArtifact.model_validate_json(artifact).binary
+    def artifact_binary(self, artifact: str) -> str:
+        """Where this build host compiled the artifact's binary (for `croqq kernels`; GPU steps fetch)."""
+        ref = KernelRef.model_validate_json(artifact)
+        return str((self._folder(ref.key, ref.content_hash) / "gemm").resolve())
 
     def _binary(self, shape: Shape, artifact: str) -> Path:
-        """The artifact's binary; rebuilt here when it was built on another host."""
-        art = CudaArtifact.model_validate_json(artifact)
-        if art.key != shape.key:
-            raise InvalidRecordError(f"artifact for {art.key} used for {shape.key}")
-        path = Path(art.binary)
-        if path.exists():
-            return path
-        if art.source:
-            cand = candidate_of(self.manifest, self.settings, art.dsl, shape.dtype, art.source)
-        else:
-            cand = knob_candidate(self.manifest, self.settings, art.dsl, shape, art.knobs)
-        outcome = self.build(shape, cand)
-        if not outcome.ok:
-            raise InvalidRecordError(
-                f"{shape.key}: rebuilding {art.content_hash[:12]} here failed: {outcome.reason}"
-            )
-        return Path(CudaArtifact.model_validate_json(outcome.artifact).binary)
+        """The artifact's binary, from the artifact store (verified), executable; never compiled here."""
+        path = self.fetch_file(shape, artifact)
+        mode = path.stat().st_mode
+        if mode & EXEC != EXEC:
+            path.chmod(mode | EXEC)
+        return path
 
     # -- measure --------------------------------------------------------------------------------------
 

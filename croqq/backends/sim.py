@@ -22,7 +22,8 @@ source, and the sim measures it by what is in it:
     small losses (x0.90-0.995). The same source always gets the same fate.
 
   The artifact is compact JSON: knobs, content hash, shape key, dsl, the factor and the run-time fault,
-  so measure and profile agree with the build.
+  so measure and profile agree with the build. Like the cuda backend's binary it goes into the artifact
+  store, and measure and profile fetch and verify it by its reference (the same path as on real GPUs).
 - **CROQQ_SIM_COMPILE=nvcc** (``sim_compile="nvcc"``): build really compiles the candidate (``nvcc
   <flags> -I. -c`` in a temp folder holding cand.cu and its header closure, under
   ``compile_timeout_s``, in its own process group); a compiler error is the build's failure, with the
@@ -65,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from croqq.backends import _simmodel as model
 from croqq.backends._base import Backend, GpuContext
 from croqq.backends.cuda import LOG_TAIL, first_error, run_process
+from croqq.delivery.artifacts import ArtifactStore
 from croqq.domain import source as src
 from croqq.domain.knobs import Candidate, knobs_summary, render_source, seed_knobs
 from croqq.domain.manifest import Manifest
@@ -182,8 +184,10 @@ class SimBackend(Backend):
 
     name = "sim"
 
-    def __init__(self, manifest: Manifest, settings: Settings) -> None:
-        super().__init__(manifest, settings)
+    def __init__(
+        self, manifest: Manifest, settings: Settings, artifacts: ArtifactStore | None = None
+    ) -> None:
+        super().__init__(manifest, settings, artifacts)
         self._models: dict[tuple[str, str, str], model.ShapeModel] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -252,10 +256,12 @@ class SimBackend(Backend):
         return n
 
     def decode(self, shape: Shape, artifact: str) -> SimArtifact:
+        """The built artifact, fetched by its reference from the artifact store (never rebuilt)."""
+        payload = self.fetch(shape, artifact)
         try:
-            art = SimArtifact.model_validate_json(artifact)
+            art = SimArtifact.model_validate_json(payload)
         except ValidationError as exc:
-            raise InvalidRecordError(f"not a sim artifact: {artifact[:80]!r}") from exc
+            raise InvalidRecordError(f"not a sim artifact: {payload[:80]!r}") from exc
         if art.key != shape.key:
             raise InvalidRecordError(f"artifact {art.hash[:12]} was built for {art.key}, not {shape.key}")
         return art
@@ -289,7 +295,7 @@ class SimBackend(Backend):
             factor=effect.factor,
             fault=effect.fault,
         )
-        return BuildOutcome(ok=True, artifact=art.model_dump_json(), log=log_text, seconds=seconds)
+        return self.built(shape, candidate, art.model_dump_json().encode(), log_text, seconds)
 
     def _knob_error(self, candidate: Candidate) -> str | None:
         """A knob the source does not define, or a value outside the manifest's space, as nvcc words it."""

@@ -17,7 +17,10 @@ croqq:lease:<name>             string  singleton/GPU lease: owner id, PX = TTL (
 croqq:worker:<node>            hash    a worker process: queues pid host started
 croqq:workers                  zset    worker nodes, score = last heartbeat
 croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
-croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch, ...)
+croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch,
+                                       artifact_bytes_put, artifact_bytes_got, ...)
+croqq:artifact:<sha256>        string  a build artifact's bytes (a binary, the sim's JSON), stored once
+                                       (SET NX); EX = artifact_ttl_s, refreshed on every put and get
 croqq:overhead                 list    per-iteration control-plane overhead in ms (newest first, capped)
 croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
 croqq:submission:<id>          string  JSON list of the sids of one submit
@@ -95,6 +98,10 @@ def worker(node: str) -> str:
 
 def queue_reset(queue: str) -> str:
     return f"{PREFIX}:queue_reset:{queue}"
+
+
+def artifact(sha256: str) -> str:
+    return f"{PREFIX}:artifact:{sha256}"
 
 
 def gpu_busy(uuid: str) -> str:

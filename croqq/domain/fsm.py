@@ -12,6 +12,10 @@
   non-KEEPs (a stall).
 - Consecutive non-KEEPs are a strategy signal, never a stop: 5 escalates the proposer, 10 goes radical.
 - A shape is DONE only when ``current_iter >= max_iter``.
+- Kernels are built on build workers only. A loop whose best kernel has no artifact (rebuilt from a
+  checkpoint) builds it before PROFILE or MEASURE (``BestBuilt``, phase unchanged); a GPU step that finds
+  an artifact missing from the artifact store (``ArtifactLost``) clears it: the best is built again the
+  same way, a lost candidate goes back to IMPLEMENT, a lost seed back to its build.
 - An event that the current phase does not accept raises :class:`IllegalTransitionError`.
 """
 
@@ -88,6 +92,20 @@ class Rejected(_Event):
 class Built(_Event):
     type: Literal["built"] = "built"
     build: BuildOutcome
+
+
+class BestBuilt(_Event):
+    """The best kernel built again on a build worker (its artifact was missing), before PROFILE or MEASURE."""
+
+    type: Literal["best_built"] = "best_built"
+    artifact: str = Field(min_length=1)
+
+
+class ArtifactLost(_Event):
+    """A GPU step found this artifact missing or corrupt in the artifact store; it has to be built again."""
+
+    type: Literal["artifact_lost"] = "artifact_lost"
+    artifact: str
 
 
 class Measured(_Event):
@@ -187,6 +205,8 @@ Event = Annotated[
     | Proposed
     | Rejected
     | Built
+    | BestBuilt
+    | ArtifactLost
     | Measured
     | Decided
     | Stored
@@ -294,6 +314,24 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
     return _after_store(updated.model_copy(update={"profile_due": _profile_due_after(updated, decision)}))
 
 
+def _artifact_lost(loop: Loop, ev: ArtifactLost) -> Loop:
+    """Forget a lost artifact: the best's (built again before the next GPU step), the candidate's (MEASURE
+    goes back to IMPLEMENT) or the seed's (BASELINE builds it again). An artifact the loop does not hold
+    is an error: nothing would change and the same step would run again."""
+    pending, lost = loop.pending, ev.artifact
+    update: dict[str, object] = {}
+    if lost and loop.best_artifact == lost:
+        update["best_artifact"] = ""
+    if lost and pending is not None and pending.build is not None and pending.build.artifact == lost:
+        if loop.phase == Phase.BASELINE:
+            update["pending"] = None
+        elif loop.phase == Phase.MEASURE:
+            update |= {"phase": Phase.IMPLEMENT, "pending": pending.model_copy(update={"build": None})}
+    if not update:
+        raise IllegalTransitionError(f"artifact_lost names no artifact this loop holds in phase {loop.phase}")
+    return loop.model_copy(update=update)
+
+
 def transition(loop: Loop, event: _Event) -> Loop:
     """Apply one event; raise IllegalTransitionError if the phase does not accept it."""
     phase = loop.phase
@@ -327,6 +365,10 @@ def transition(loop: Loop, event: _Event) -> Loop:
             return loop.model_copy(update={"phase": Phase.MEASURE, "pending": built})
         attempt = loop.pending.model_copy(update={"build": event.build, "attempt_no": loop.attempts + 1})
         return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})
+    if isinstance(event, BestBuilt) and phase in (Phase.PROFILE, Phase.MEASURE) and loop.best_iter >= 0:
+        return loop.model_copy(update={"best_artifact": event.artifact})
+    if isinstance(event, ArtifactLost) and phase in (Phase.BASELINE, Phase.PROFILE, Phase.MEASURE):
+        return _artifact_lost(loop, event)
     if isinstance(event, Measured) and phase == Phase.MEASURE and loop.pending is not None:
         best = (
             event.result.rebased_best_tflops

@@ -15,6 +15,7 @@ from croqq.delivery.messages import StepMessage
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import (
     BaselineMeasured,
+    BestBuilt,
     Built,
     Measured,
     Phase,
@@ -27,7 +28,7 @@ from croqq.domain.fsm import (
 from croqq.domain.knobs import Candidate, seed_knobs
 from croqq.domain.phases import next_phase
 from croqq.domain.records import BuildOutcome, Idea
-from croqq.domain.source import SourceError, load_stored
+from croqq.domain.source import SourceError
 from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.processes.runtime import Runtime
 from croqq.proposers._base import ProposeContext
@@ -41,72 +42,30 @@ log = logging.getLogger(__name__)
 Executor = Callable[[Runtime, ShapeState, StepMessage], object]
 
 
-_BUILT: dict[str, str] = {}  # content hash -> artifact, for kernels this process had to build itself
 _BUILT_MAX = 512
-_BEST_SOURCES: dict[tuple[str, int, float], str] = {}  # (sid, best iter, its TFLOPS) -> source (cold start)
 
 
 def _best_source(rt: Runtime, state: ShapeState) -> str:
-    """The best kernel's logical source: the loop's, else (a loop rebuilt from a checkpoint) the stored
-    file read back from the results repo, else the template rendered with the best knobs."""
+    """The best kernel's logical source: the loop's (a loop the writer rebuilt from a checkpoint carries
+    the stored one), else the template rendered with the best knobs. Never read from the results repo,
+    which only the writer's host has."""
     loop = state.loop
     if loop.best_source:
         return loop.best_source
-    cached = _BEST_SOURCES.get((state.sid, loop.best_iter, loop.best_tflops))
-    if cached is not None:
-        return cached
-    source = _stored_best_source(rt, state)
-    if source is None:
-        knobs = loop.best_knobs or loop.seed_knobs
-        source = knob_candidate(rt.manifest, rt.settings, state.dsl, state.shape, knobs).source
-    if len(_BEST_SOURCES) >= _BUILT_MAX:
-        _BEST_SOURCES.pop(next(iter(_BEST_SOURCES)))
-    _BEST_SOURCES[state.sid, loop.best_iter, loop.best_tflops] = (
-        source  # read once per process, not once per step
-    )
-    return source
-
-
-def _stored_best_source(rt: Runtime, state: ShapeState) -> str | None:
-    reader = rt.results_reader()
-    ckpt = rt.load_checkpoint(state.gpu_type, state.dsl, state.key) if reader is not None else None
-    if reader is None or ckpt is None or not ckpt.best_kernel:
-        return None
-
-    def read(path: str) -> str | None:
-        data = reader.read(path)
-        return data.decode("utf-8") if data is not None else None
-
-    try:
-        return load_stored(ckpt.best_kernel, read)[0]
-    except SourceError as exc:
-        log.warning("%s: cannot read the stored best kernel back (%s); using its knobs", state.key, exc)
-        return None
+    knobs = loop.best_knobs or loop.seed_knobs
+    return knob_candidate(rt.manifest, rt.settings, state.dsl, state.shape, knobs).source
 
 
 def _candidate(rt: Runtime, state: ShapeState, source: str) -> Candidate:
     return candidate_of(rt.manifest, rt.settings, state.dsl, state.dtype, source)
 
 
-def _artifact(rt: Runtime, state: ShapeState, cand: Candidate, what: str) -> str:
-    """Build a kernel this step needs but was not handed (the seed; the best after a cold start)."""
-    cached = _BUILT.get(cand.content_hash)
-    if cached is not None:
-        return cached
-    build = rt.backend.build(state.shape, cand)
-    if not build.ok:
-        raise TerminalError(f"{state.key}: the {what} kernel does not build: {build.reason}")
-    if len(_BUILT) >= _BUILT_MAX:
-        _BUILT.pop(next(iter(_BUILT)))
-    _BUILT[cand.content_hash] = build.artifact
-    return build.artifact
-
-
-def _best_artifact(rt: Runtime, state: ShapeState) -> str:
-    loop = state.loop
-    if loop.best_artifact:
-        return loop.best_artifact
-    return _artifact(rt, state, _candidate(rt, state, _best_source(rt, state)), "best")
+def _best_artifact(state: ShapeState) -> str:
+    """The best kernel's artifact. A GPU step never builds it: a loop without one (rebuilt from a
+    checkpoint, or its artifact was lost) gets an IMPLEMENT step on a build worker first (``step_kind``)."""
+    if not state.loop.best_artifact:
+        raise IllegalTransitionError(f"{state.key}: a GPU step without the best kernel's artifact")
+    return state.loop.best_artifact
 
 
 def _seed(rt: Runtime, state: ShapeState) -> Candidate:
@@ -118,7 +77,9 @@ def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasur
     cand = _seed(rt, state)
     knobs = cand.knobs
     pending = state.loop.pending
-    artifact = pending.build.artifact if pending and pending.build else _artifact(rt, state, cand, "seed")
+    if pending is None or pending.build is None:
+        raise IllegalTransitionError(f"{state.key}: BASELINE without a built seed")
+    artifact = pending.build.artifact
     gpu = rt.gpu
     guard.gate(rt, gpu, f"baseline {state.key}")
     with guard.busy(rt, gpu):
@@ -131,7 +92,7 @@ def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasur
 
 
 def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
-    artifact = _best_artifact(rt, state)
+    artifact = _best_artifact(state)
     gpu = rt.gpu
     guard.gate(rt, gpu, f"profile {state.key}")
     with guard.busy(rt, gpu):
@@ -180,10 +141,12 @@ def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejec
     return Rejected(rejection=answer)
 
 
-def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built:
+def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built | BestBuilt:
     pending = state.loop.pending
     if state.loop.phase == Phase.BASELINE:
         return Built(build=rt.backend.build(state.shape, _seed(rt, state)))
+    if state.loop.phase in (Phase.PROFILE, Phase.MEASURE):  # the best has no artifact (see step_kind)
+        return BestBuilt(artifact=_build_best(rt, state))
     if pending is None or pending.idea is None:
         raise IllegalTransitionError(f"{state.key}: IMPLEMENT without an idea")
     try:
@@ -193,11 +156,19 @@ def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built:
     return Built(build=rt.backend.build(state.shape, cand))
 
 
+def _build_best(rt: Runtime, state: ShapeState) -> str:
+    """The best kernel built again here, on a build worker; a best that does not build parks the shape."""
+    build = rt.backend.build(state.shape, _candidate(rt, state, _best_source(rt, state)))
+    if not build.ok:
+        raise TerminalError(f"{state.key}: the best kernel does not build: {build.reason}")
+    return build.artifact
+
+
 def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
     pending, loop = state.loop.pending, state.loop
     if pending is None or pending.build is None:
         raise IllegalTransitionError(f"{state.key}: MEASURE without a built candidate")
-    best_artifact = _best_artifact(rt, state) if loop.best_knobs else None
+    best_artifact = _best_artifact(state) if loop.best_iter >= 0 else None
     gpu = rt.gpu
     guard.gate(rt, gpu, f"measure {state.key} iter{loop.current_iter + 1:03d}")
     with guard.busy(rt, gpu):
@@ -256,12 +227,12 @@ def _stored_by(rt: Runtime, state: ShapeState, req: StoreRequest) -> str:
 
 def _resync(rt: Runtime, state: ShapeState, why: str) -> Resynced:
     """The repo and the live loop disagree: reload the loop (and the shape's history) from the repo."""
-    from croqq.store.load import load_checkpoint
+    from croqq.store.load import load_best_source, load_checkpoint
 
     repo = rt.writer.repo
-    loop = resumable_loop(
-        load_checkpoint(repo, state.gpu_type, state.dsl, state.key), rt.settings, state.loop.max_iter
-    )
+    ckpt = load_checkpoint(repo, state.gpu_type, state.dsl, state.key)
+    best = load_best_source(repo, ckpt) if ckpt else ""
+    loop = resumable_loop(ckpt, rt.settings, state.loop.max_iter, best)
     hist.rebuild(rt.client, repo, state.sid)
     log.warning(
         "%s: %s; the repo wins, the loop resumes after iteration %d", state.key, why, loop.current_iter

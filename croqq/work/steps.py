@@ -8,7 +8,9 @@ Outcomes (returned, and logged with shape, step and GPU): done, rejected (bad pa
 running/done/dropped (a duplicate or stale message, dropped), requeued (retryable fault), quarantined
 (the GPU failed its health check), deferred (an agent backed off or its budget spent: the
 shape waits), refused (this host cannot run it: back to the queue, and the worker stops), failed
-(terminal fault of the shape: it is parked as 'error' until `croqq retry`).
+(terminal fault of the shape: it is parked as 'error' until `croqq retry`). A GPU step whose artifact is
+missing from the artifact store (or corrupt) is done: its result is ``ArtifactLost``, and the shape goes to
+a build worker to rebuild it (a GPU host never compiles).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from croqq.delivery import keys
 from croqq.delivery.messages import StepMessage, parse
 from croqq.delivery.queues import GPU_KINDS, STEP_TASK
 from croqq.delivery.state import ShapeState
+from croqq.domain.fsm import ArtifactLost
 from croqq.errors import (
+    ArtifactMissingError,
     DeferredError,
     GpuLeaseLostError,
     GpuUnavailableError,
@@ -99,6 +103,9 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
     except StaleStepError as exc:
         log.warning("%s: %s", msg.step_id, exc)
         return "stale", None
+    except ArtifactMissingError as exc:  # the step's result: a build worker rebuilds it
+        log.warning("%s %s: %s; it goes back to a build worker", msg.kind, msg.step_id, exc)
+        return "done", ArtifactLost(artifact=exc.artifact)
     except GpuLeaseLostError as exc:
         rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
         return "requeued", None

@@ -303,3 +303,40 @@ def test_a_real_gpu_worker_supervisor_is_ready_once_its_gpu_workers_hold_their_g
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, 9)
             worker.wait(30)
+
+
+@pytest.mark.slow
+def test_a_real_flower_asks_for_its_basic_auth_and_is_ready_once_it_serves(
+    cluster_env: dict[str, str],
+    tmp_path: Path,
+    croqq,  # type: ignore[no-untyped-def]
+) -> None:
+    import base64
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = cluster_env | {"CROQQ_FLOWER_BASIC_AUTH": "ops:s3cret"}
+    log = tmp_path / "flower.log"
+    flower = start(env, log, "flower", "--address", "127.0.0.1", "--port", str(port))
+    try:
+        wait_for(croqq, env, ["--role", "flower", "--ready"], log)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
+        assert refused.value.code == 401
+        login = base64.b64encode(b"ops:s3cret").decode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/", headers={"Authorization": f"Basic {login}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as page:
+            assert page.status == 200
+    finally:
+        flower.terminate()
+        try:
+            flower.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(flower.pid, 9)
+            flower.wait(30)

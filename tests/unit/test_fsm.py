@@ -6,7 +6,9 @@ import pytest
 
 from croqq.domain.decide import decide
 from croqq.domain.fsm import (
+    ArtifactLost,
     BaselineMeasured,
+    BestBuilt,
     Built,
     Decided,
     Loop,
@@ -56,6 +58,8 @@ EVENTS = {
     "proposed": Proposed(idea=idea()),
     "rejected": Rejected(rejection=Rejection(proposer="claude", reason="agent claude wrote no candidate")),
     "built": Built(build=BuildOutcome(ok=True, artifact="a")),
+    "best_built": BestBuilt(artifact="best-again"),
+    "artifact_lost": ArtifactLost(artifact="best"),
     "measured": measured(90.0),
     "decided": Decided(decision="DISCARD"),
     "stored": Stored(iteration=1),
@@ -66,7 +70,13 @@ EVENTS = {
 def at(phase: Phase) -> Loop:
     """A loop parked in ``phase`` with whatever it needs there."""
     loop = Loop(
-        max_iter=30, current_iter=0, best_iter=0, best_tflops=100.0, best_knobs=KNOBS, seed_knobs=KNOBS
+        max_iter=30,
+        current_iter=0,
+        best_iter=0,
+        best_tflops=100.0,
+        best_knobs=KNOBS,
+        seed_knobs=KNOBS,
+        best_artifact="best",
     )
     drive = {
         Phase.INIT: [],
@@ -95,6 +105,10 @@ LEGAL = {
     (Phase.BASELINE, "built"): Phase.BASELINE,
     (Phase.BASELINE, "baseline_measured"): Phase.STORE,
     (Phase.PROFILE, "profiled"): Phase.IDEATE,
+    (Phase.PROFILE, "best_built"): Phase.PROFILE,
+    (Phase.PROFILE, "artifact_lost"): Phase.PROFILE,
+    (Phase.MEASURE, "best_built"): Phase.MEASURE,
+    (Phase.MEASURE, "artifact_lost"): Phase.MEASURE,
     (Phase.IDEATE, "proposed"): Phase.IMPLEMENT,
     (Phase.IDEATE, "rejected"): Phase.STORE,
     (Phase.IMPLEMENT, "built"): Phase.MEASURE,
@@ -233,3 +247,28 @@ def test_decide_discards_wins_inside_the_noise_margin() -> None:
     )
     assert decide(result, 100.0, 0.015) == "DISCARD"
     assert decide(MeasureResult(candidate=Measurement(outcome="hang")), 100.0, 0.015) == "FAIL_hang"
+
+
+def test_a_best_built_again_gets_its_artifact_and_the_phase_stays() -> None:
+    for phase in (Phase.PROFILE, Phase.MEASURE):
+        lost = transition(at(phase), ArtifactLost(artifact="best"))
+        assert lost.best_artifact == "" and lost.phase == phase
+        again = transition(lost, BestBuilt(artifact="best-again"))
+        assert again.best_artifact == "best-again" and again.phase == phase and again.pending == lost.pending
+    with pytest.raises(IllegalTransitionError):
+        transition(Loop(max_iter=3, phase=Phase.PROFILE), BestBuilt(artifact="x"))  # no best yet
+
+
+def test_a_lost_candidate_is_built_again_and_a_lost_seed_too() -> None:
+    lost = transition(at(Phase.MEASURE), ArtifactLost(artifact="a"))
+    assert lost.phase == Phase.IMPLEMENT and lost.pending is not None and lost.pending.build is None
+    assert lost.pending.idea == idea() and lost.best_artifact == "best"
+    assert transition(lost, EVENTS["built"]).phase == Phase.MEASURE
+    seeded = transition(at(Phase.BASELINE), EVENTS["built"])
+    assert transition(seeded, ArtifactLost(artifact="a")).pending is None
+
+
+def test_an_artifact_the_loop_does_not_hold_cannot_be_lost() -> None:
+    for name in ("elsewhere", ""):
+        with pytest.raises(IllegalTransitionError, match="names no artifact"):
+            transition(at(Phase.MEASURE), ArtifactLost(artifact=name))

@@ -7,17 +7,21 @@ import json
 import statistics
 import time
 from functools import cache
+from pathlib import Path
 
 import pytest
+import redis
 
 from croqq.backends._base import GpuContext
 from croqq.backends._simmodel import compile_error
 from croqq.backends.sim import SimBackend
+from croqq.delivery import keys
+from croqq.delivery.artifacts import ArtifactStore
 from croqq.domain.knobs import Candidate, make_candidate, seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.schedule import build_schedule
 from croqq.domain.shapes import Shape, parse_key
-from croqq.errors import InvalidRecordError
+from croqq.errors import ArtifactMissingError, InvalidRecordError
 from croqq.probes._base import GpuInfo, GpuProbe, Reading
 from croqq.settings import PROJECT_ROOT, Settings
 
@@ -103,12 +107,14 @@ def faulty(shape: Shape, outcome: str) -> str:
 # -- build ------------------------------------------------------------------------------------------
 
 
-def test_build_returns_a_compact_artifact_with_knobs_and_content_hash() -> None:
-    c = cand(BIG)
-    build = backend().build(BIG, c)
+def test_build_returns_a_compact_reference_to_an_artifact_with_knobs_and_content_hash() -> None:
+    c, be = cand(BIG), backend()
+    build = be.build(BIG, c)
     assert build.ok and build.reason == ""
-    art = json.loads(build.artifact)
-    assert art["knobs"] == c.knobs and art["hash"] == c.content_hash and art["key"] == BIG.key
+    ref = json.loads(build.artifact)
+    assert ref["key"] == BIG.key and ref["content_hash"] == c.content_hash and ref["artifact"]["size"] > 0
+    art = be.decode(BIG, build.artifact)  # the payload, from the artifact store
+    assert art.knobs == c.knobs and art.hash == c.content_hash and art.key == BIG.key
     assert "\n" not in build.artifact and "nvcc" in build.log
 
 
@@ -186,8 +192,8 @@ def test_measure_interleaves_several_artifacts_in_order() -> None:
     ref, better = artifact(be, BIG), artifact(be, BIG, SWIZZLE=4, RASTER=1)
     a, b = be.measure(gpu(), BIG, [ref, better])
     assert a.tflops != b.tflops
-    assert be.predicted_tflops(GPU_TYPE, BIG, json.loads(better)["knobs"]) > be.predicted_tflops(
-        GPU_TYPE, BIG, json.loads(ref)["knobs"]
+    assert be.predicted_tflops(GPU_TYPE, BIG, be.decode(BIG, better).knobs) > be.predicted_tflops(
+        GPU_TYPE, BIG, be.decode(BIG, ref).knobs
     )
 
 
@@ -229,8 +235,32 @@ def test_an_artifact_for_another_shape_is_refused() -> None:
     other = parse_key("f16_4096x4096x4096")
     with pytest.raises(InvalidRecordError, match="built for"):
         be.measure(gpu(), other, [artifact(be, BIG)])
-    with pytest.raises(InvalidRecordError):
+    with pytest.raises(ArtifactMissingError, match="not a reference"):  # a build host rebuilds it
         be.measure(gpu(), BIG, ["not json"])
+
+
+def test_a_gpu_host_with_an_empty_cache_gets_the_artifact_from_redis_and_never_builds(
+    tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    build_host, gpu_host = (
+        SimBackend(manifest(), s, ArtifactStore(s, redis_client))
+        for s in (Settings(run_dir=tmp_path / "build-host"), Settings(run_dir=tmp_path / "gpu-host"))
+    )
+    gpu_host.build = None  # type: ignore[assignment,method-assign]  # this host has no build tools
+    built = artifact(build_host, BIG)
+    size = json.loads(built)["artifact"]["size"]
+    (m,) = gpu_host.measure(gpu(), BIG, [built])
+    assert m.outcome == "ok" and m.tflops == pytest.approx(
+        build_host.predicted_tflops(GPU_TYPE, BIG, cand(BIG).knobs), rel=0.05
+    )
+    assert gpu_host.profile(gpu(), BIG, built).bottleneck != "unknown"
+    assert int(redis_client.hget(keys.STATS, "artifact_bytes_got") or 0) == size  # fetched once, then cached
+    assert len(list((tmp_path / "gpu-host" / "artifacts").iterdir())) == 1
+
+
+def test_an_artifact_over_the_store_cap_is_a_failed_build_with_the_reason() -> None:
+    build = backend(artifact_max_bytes=64).build(BIG, cand(BIG))
+    assert not build.ok and build.artifact == "" and "CROQQ_ARTIFACT_MAX_BYTES" in build.reason
 
 
 def test_measure_candidate_confirms_an_apparent_win_on_the_same_gpu() -> None:
