@@ -33,8 +33,9 @@ class IllegalTransitionError(TerminalError):
     """The shape FSM received an event that its current state does not accept."""
 
 
-class LeaseHeldError(TerminalError):
-    """A singleton (the writer, beat, a GPU) is already held by another live process."""
+class LeaseHeldError(ConfigError):
+    """A singleton (the writer, beat, a GPU) is already held by another live process: starting a second
+    one is a deployment mistake (exit 2; supervisors do not restart it)."""
 
 
 class HostError(CroqqError):

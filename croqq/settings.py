@@ -58,13 +58,14 @@ class Settings(BaseSettings):
         PROJECT_ROOT, description="Root that the manifest's include_dirs are relative to."
     )
     artifact_ttl_s: float = Field(
-        6 * 3600.0, gt=0, description="Built artifacts live this long in Redis, refreshed on every put and get."
+        6 * 3600.0, gt=0, description="Built artifacts live this long in Redis (refreshed on every put/get)."
     )
     artifact_max_bytes: int = Field(
         64 << 20, ge=1, description="The largest artifact a build may store; a bigger one fails the build."
     )
     artifact_cache_dir: Path = Field(
-        Path(""), description="A GPU host's verified copies of fetched artifacts (default <run dir>/artifacts)."
+        Path(""),
+        description="A GPU host's verified copies of fetched artifacts (default: <run dir>/artifacts).",
     )
 
     # -- backends ---------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def _check_basic_auth(value: str) -> None:
         user, sep, password = pair.partition(":")
         if not (user.strip() and sep and password):
             raise ConfigError(
-                "CROQQ_FLOWER_BASIC_AUTH: use user:password[,user2:password2], each with a user and a password"
+                "CROQQ_FLOWER_BASIC_AUTH: use user:password[,user2:password2], each with a user and password"
             )
 
 

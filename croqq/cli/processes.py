@@ -13,6 +13,7 @@ from croqq.cli import app, fail
 from croqq.cli.common import load_settings
 from croqq.delivery import queues
 from croqq.logs import configure
+from croqq.settings import Settings
 
 LogLevel = typer.Option("INFO", "--log-level", help="DEBUG | INFO | WARNING | ERROR.")
 
@@ -144,6 +145,7 @@ def worker(
     _prepare(log_level)
     settings = load_settings()
     children = gpu_children(gpus, settings, log_level)
+    refuse_claimed_gpus(settings, [c.env[ENV_GPU_UUID] for c in children])
     sup = Supervisor(children)
     sup.start_all()
     uuids = [c.env[ENV_GPU_UUID] for c in children]
@@ -156,6 +158,32 @@ def worker(
     )
     _supervise_until_signal(sup)
     hb.stop()
+
+
+def refuse_claimed_gpus(settings: Settings, uuids: list[str]) -> None:
+    """One worker per GPU, fleet-wide: refuse (exit 2, one line) when another live worker, on any host,
+    holds one of these GPUs. A holder that does not renew (this pod's killed predecessor) is waited for:
+    its lease ends within the TTL."""
+    from croqq.delivery import keys
+    from croqq.delivery.leases import dead_local
+    from croqq.delivery.redis_client import connect, text
+    from croqq.errors import LeaseHeldError
+
+    client = connect(settings)
+    deadline = time.monotonic() + 1.5 * settings.lease_ttl_s
+    while True:
+        held = {u: text(client.get(keys.lease(f"gpu:{u}"))) for u in uuids}
+        claimed = {u: owner for u, owner in held.items() if owner and not dead_local(owner)}
+        if not claimed:
+            return
+        if time.monotonic() >= deadline:
+            uuid, owner = sorted(claimed.items())[0]
+            others = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""
+            raise LeaseHeldError(
+                f"GPU {uuid}{others} is already claimed by worker {owner} on host {owner.split(':')[0]}; "
+                "one worker per GPU: stop that one first, or choose other GPUs with --gpus"
+            )
+        time.sleep(0.2)
 
 
 def _supervise_until_signal(sup: object) -> None:

@@ -59,6 +59,9 @@ def submit(
         None, "--max-iter", min=1, help="Override the mode's iteration count."
     ),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type, e.g. sm90_NVIDIA_H100_80GB_HBM3."),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Only the first N shapes of the schedule (by priority)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the schedule; enqueue nothing."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the schedule as a JSON list."),
     agent_calls: int | None = typer.Option(
@@ -76,8 +79,8 @@ def submit(
     settings = load_settings()
     manifest = load_manifest(settings.manifest)
     dims = parse_dims(shape) if shape else None
-    schedule = build_schedule(manifest, dtype, only=dims)
-    limit = max_iter or manifest.mode(mode).max_iter
+    schedule = build_schedule(manifest, dtype, only=dims)[:limit]
+    iterations = max_iter or manifest.mode(mode).max_iter
     spec = manifest.dsl(dsl)
     missing = [d for d in expand_dtypes(manifest, dtype) if d not in spec.kernels]
     if missing:
@@ -85,7 +88,7 @@ def submit(
     if dry_run:
         _dry_run(schedule, as_json)
         return
-    report = register(settings, manifest, schedule, dsl, mode, limit, gpu)
+    report = register(settings, manifest, schedule, dsl, mode, iterations, gpu)
     if agent_calls is not None or agent_usd is not None:
         from croqq.delivery.redis_client import connect
         from croqq.work.agents import set_budget

@@ -201,7 +201,7 @@ def claim_gpu(
     from croqq.processes.startcheck import start_problems
 
     client = connect(settings)
-    owner = f"{host_name()}:{os.getpid()}:gpu"
+    owner = owner_id("gpu")
     lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s)
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
     problems = start_problems(settings, uuid)
@@ -210,7 +210,7 @@ def claim_gpu(
         host=host_name(),
         index=index,
         gpu_type=gpu_type,
-        queue=queues.gpu_queue(host_name(), uuid),
+        queue=queues.gpu_queue(uuid),
         owner=owner,
         status=registry.QUARANTINED if problems else registry.HEALTHY,
         reason=f"failed its health check at start: {'; '.join(problems)}" if problems else "",
