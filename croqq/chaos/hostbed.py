@@ -46,7 +46,9 @@ interpreter exit if nobody did.
 
 Not private per host: ``/tmp`` (processes get ``TMPDIR`` inside their host folder instead; hiding ``/tmp``
 would hide a checkout or a bed root that lives there), the machine's other files, and the kernel (one
-boot id, one monotonic clock; libfaketime moves the wall clock only, ``FAKETIME_DONT_FAKE_MONOTONIC=1``).
+boot id, one monotonic clock). libfaketime shifts a skewed host's monotonic clock by the same offset as its
+wall clock (a constant, so intervals are right): with ``FAKETIME_DONT_FAKE_MONOTONIC=1``, libfaketime 0.9.10
+makes every ``clock_nanosleep(TIMER_ABSTIME)`` fail with EINVAL, i.e. Python's ``time.sleep``.
 """
 
 from __future__ import annotations
@@ -670,7 +672,7 @@ class Host:
             if lib is not None:
                 full["LD_PRELOAD"] = lib
             full["FAKETIME"] = self.faketime
-            full["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+            full["FAKETIME_DONT_FAKE_MONOTONIC"] = "0"  # "1" breaks time.sleep (see the module doc)
         full.update(env or {})
         return full
 

@@ -72,6 +72,7 @@ def test_a_step_lease_deadline_is_on_redis_time_on_a_host_whose_clock_is_ahead(
 def test_owner_tokens_name_their_pid_namespace() -> None:
     owner = leases.owner_id("gpu")
     host, pid, space, token, tag = owner.split(":")
+    assert host  # a label for people
     assert (pid, space, tag) == (str(os.getpid()), leases.process_space(), "gpu")
     assert len(token) == 8 and token != leases.owner_id("gpu").split(":")[3]
 

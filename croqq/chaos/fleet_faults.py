@@ -1,0 +1,154 @@
+"""Faults on a :class:`~croqq.chaos.fleet.Fleet`, each measured from the fault to the next stored iteration
+of an affected shape (a shape whose GPU step was running on the host hit; for the writer, any shape).
+
+Each scenario submits a small sweep, injects its fault at the moment the issue names, lets the fleet
+finish and returns a :class:`Outcome`: the recovery time, the submission, and what the scenario observed
+for its own assertions. The multi-host tests assert the promises (nothing lost or stored twice, the shapes
+continued) and ``python -m croqq.bench --only hosts`` repeats the scenarios for p50/max recovery times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from croqq.chaos.fleet import Fleet
+from croqq.delivery import clock, keys
+from croqq.delivery.redis_client import strs
+from croqq.placement import registry
+
+MAX_ITER = 5
+
+
+@dataclass
+class Outcome:
+    submission: str
+    max_iter: int
+    recovery_s: float  # from the fault to the next stored iteration of an affected shape
+    from_heal_s: float | None = None  # partitions: from the heal
+    affected: list[str] = field(default_factory=list)
+    seen: dict[str, object] = field(default_factory=dict)
+
+
+class _Watch:
+    """Polls the affected shapes from the fault on, in a thread, and notes when one stores an iteration."""
+
+    def __init__(self, fleet: Fleet, sids: list[str]) -> None:
+        self.fleet, self.sids = fleet, sids
+        self.before = fleet.stored(sids)
+        self.at: float | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 300
+        while self.at is None and time.monotonic() < deadline:
+            try:
+                now = self.fleet.stored(self.sids)
+            except Exception:  # the operator's view never partitions, but be safe
+                now = {}
+            if any(now.get(s, -1) > self.before.get(s, -1) for s in self.sids):
+                self.at = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    def wait(self, timeout_s: float = 300) -> float:
+        self._thread.join(timeout_s)
+        if self.at is None:
+            raise TimeoutError(f"none of {self.sids} stored an iteration after the fault")
+        return self.at
+
+
+def _mid_measure(fleet: Fleet, host: str, limit: int) -> tuple[str, list[str]]:
+    """Submit, wait until a MEASURE runs on one of ``host``'s GPUs; the submission and the shapes whose
+    GPU step runs there now."""
+    sub = fleet.submit(max_iter=MAX_ITER, limit=limit)
+    running = fleet.wait_running_on(fleet.gpu_uuids(host), "measure")
+    return sub, sorted(running)
+
+
+def partition_gpu_host(fleet: Fleet, host: str = "gpu1", limit: int = 4) -> Outcome:
+    """Its link down in the middle of MEASURE for longer than 2x the lease TTL, then healed."""
+    sub, affected = _mid_measure(fleet, host, limit)
+    steps = {s: fleet.shapes([s])[s].step_id for s in affected}
+    watch = _Watch(fleet, affected)
+    t0 = time.monotonic()
+    fleet.bed.host(host).link_down()
+    time.sleep(2.2 * fleet.config.lease_ttl_s)
+    redispatched = {s: fleet.shapes([s])[s].step_id for s in affected}
+    fleet.bed.host(host).link_up()
+    healed = time.monotonic()
+    at = watch.wait()
+    fleet.wait_done(sub)
+    epochs = {s: int(fleet.client.hget(keys.step(str(steps[s])), "epoch") or 0) for s in affected}
+    return Outcome(
+        sub,
+        MAX_ITER,
+        at - t0,
+        at - healed,
+        affected,
+        {"epochs": epochs, "steps": steps, "during": redispatched},
+    )
+
+
+def kill_host(fleet: Fleet, host: str = "gpu1", limit: int = 4, new_hostname: str | None = None) -> Outcome:
+    """SIGKILL every process of the host at once (mid-MEASURE), then boot it again (optionally under a
+    new hostname, as a re-created pod) and start its services."""
+    sub, affected = _mid_measure(fleet, host, limit)
+    watch = _Watch(fleet, affected)
+    t0 = time.monotonic()
+    target = fleet.bed.host(host)
+    target.kill_all()
+    target.restart(hostname=new_hostname)
+    fleet.start_services(host)
+    at = watch.wait()
+    hosts = {g.uuid: g.host for g in registry.all_gpus(fleet.client) if g.uuid in fleet.gpu_uuids(host)}
+    fleet.wait_done(sub)
+    return Outcome(sub, MAX_ITER, at - t0, None, affected, {"gpu_hosts": hosts})
+
+
+def partition_writer(fleet: Fleet, hold_s: float = 30.0, limit: int = 4) -> Outcome:
+    """The writer cut off from Redis for ``hold_s`` once iterations are flowing, then healed."""
+    sub = fleet.submit(max_iter=MAX_ITER, limit=limit)
+    _wait(lambda: int(fleet.client.hget(keys.STATS, "stored") or 0) >= limit + 1, "the first iterations")
+    sids = sorted(fleet.shapes(strs(fleet.client.smembers(keys.SHAPES))))
+    stored_before = int(fleet.client.hget(keys.STATS, "stored") or 0)
+    watch = _Watch(fleet, sids)
+    t0 = time.monotonic()
+    fleet.bed.host("writer").link_down()
+    time.sleep(hold_s)
+    during = int(fleet.client.hget(keys.STATS, "stored") or 0) - stored_before
+    fleet.bed.host("writer").link_up()
+    healed = time.monotonic()
+    at = watch.wait()
+    fleet.wait_done(sub)
+    return Outcome(sub, MAX_ITER, at - t0, at - healed, sids, {"stored_during": during})
+
+
+def skewed_gpu_host(fleet: Fleet, host: str = "gpu2", limit: int = 8) -> Outcome:
+    """A GPU host whose wall clock runs ahead (the fleet was started with faketime on it): its step
+    deadlines are on Redis's clock, and when all of it is killed mid-MEASURE its steps expire on time."""
+    sub, affected = _mid_measure(fleet, host, limit)
+    deadlines = [
+        float(fleet.client.zscore(keys.RUNNING, str(fleet.shapes([s])[s].step_id)) or 0) for s in affected
+    ]
+    ahead_s = max(deadlines) - clock.now(fleet.client)
+    watch = _Watch(fleet, affected)
+    t0 = time.monotonic()
+    target = fleet.bed.host(host)
+    target.kill_all()
+    target.restart()
+    fleet.start_services(host)
+    at = watch.wait()
+    fleet.wait_done(sub)
+    return Outcome(sub, MAX_ITER, at - t0, None, affected, {"deadline_ahead_s": ahead_s})
+
+
+def _wait(done: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout_s:.0f}s")
+        time.sleep(0.1)
