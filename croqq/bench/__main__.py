@@ -1,4 +1,4 @@
-"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,reconcile,source,agent]
+"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,reconcile,source,agent,hosts]
 [--out bench/results.json]`: all benchmarks."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from croqq.bench import agent_bench, cluster_bench, reconcile_bench, redis_bench, writer_bench
+from croqq.bench import agent_bench, cluster_bench, hosts_bench, reconcile_bench, redis_bench, writer_bench
 from croqq.logs import configure
 
 log = logging.getLogger("croqq.bench")
-PARTS = ("writer", "sweep", "duty", "recovery", "redis", "reconcile", "source", "agent")
+PARTS = ("writer", "sweep", "duty", "recovery", "redis", "reconcile", "source", "agent", "hosts")
 
 
 def main() -> None:
@@ -61,6 +61,9 @@ def main() -> None:
         if "agent" in parts:
             log.info("agent overhead (2,000-line kernel, 100-iteration history) ...")
             results |= agent_bench.overhead()
+        if "hosts" in parts:
+            log.info("multi-host benchmark (five namespace hosts: fault recovery, bytes per iteration) ...")
+            results |= hosts_bench.run(work / "hosts")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

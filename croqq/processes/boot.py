@@ -7,7 +7,7 @@ Roles and how they run:
     build         -Q build                   prefork, N      (nvcc is CPU bound)
     ideate        -Q ideate                  threads, N      (waits on an agent; rate-limited task)
     writer        -Q store                   solo pool       (singleton lease "writer")
-    gpu           -Q gpu.<host>.<uuid>       prefork -c 1    (GPU lease "gpu:<uuid>", one process per GPU)
+    gpu           -Q gpu.<uuid>              prefork -c 1    (GPU lease "gpu:<uuid>", one process per GPU)
     beat          celery beat                                (singleton lease "beat")
 """
 
