@@ -37,7 +37,7 @@ def _rewind_all(rt: Runtime) -> int:
         if state is None or state.loop.current_iter < 1:
             continue
         state.loop = state.loop.model_copy(update={"current_iter": state.loop.current_iter - 1})
-        rt.client.set(keys.shape(sid), state.model_dump_json())
+        rt.client.set(keys.shape(sid), state.dumps())
         count += 1
     return count
 

@@ -175,7 +175,7 @@ class Fleet:
     def shapes(self, sids: Iterable[str]) -> dict[str, ShapeState]:
         sids = list(sids)
         raws = self.client.mget([keys.shape(s) for s in sids]) if sids else []
-        return {s: ShapeState.model_validate_json(r) for s, r in zip(sids, raws, strict=True) if r}
+        return {s: ShapeState.loads(r) for s, r in zip(sids, raws, strict=True) if r}
 
     def running_gpu_steps(self, uuids: Iterable[str]) -> dict[str, str]:
         """sid -> step id of the GPU steps running now on these GPUs."""

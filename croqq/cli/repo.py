@@ -106,7 +106,7 @@ def _forget_live_state(settings, keys: list[str]) -> None:  # type: ignore[no-un
         if sid.rsplit("/", 1)[-1] not in keys:
             continue
         raw = client.get(rkeys.shape(sid))
-        state = ShapeState.model_validate_json(raw) if raw else None
+        state = ShapeState.loads(raw) if raw else None
         pipe = client.pipeline()
         pipe.delete(rkeys.shape(sid), rkeys.ideas(sid), rkeys.history(sid))
         pipe.srem(rkeys.SHAPES, sid)

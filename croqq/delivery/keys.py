@@ -1,6 +1,6 @@
 """Every Redis key croqq uses, with its type and lifetime (the one place for key names).
 
-croqq:shape:<sid>              string  JSON ShapeState: one shape's live loop (sid = <gpu type>/<dsl>/<key>)
+croqq:shape:<sid>              string  packed ShapeState (.dumps): a shape's loop (sid = <gpu>/<dsl>/<key>)
 croqq:shapes                   set     all sids ever submitted
 croqq:summary                  hash    sid -> one-line JSON summary (status views read only this)
 croqq:pending:<gpu type>       zset    sids waiting for a GPU, score = schedule rank (negative: resumed)

@@ -146,7 +146,7 @@ class Ledger:
 
     def load_shape(self, sid: str, conn: Any = None) -> ShapeState | None:
         raw = (conn or self.client).get(keys.shape(sid))
-        return ShapeState.model_validate_json(raw) if raw else None
+        return ShapeState.loads(raw) if raw else None
 
     def load_step(self, step_id: str, conn: Any = None) -> StepRecord | None:
         data = (conn or self.client).hgetall(keys.step(step_id))
@@ -168,7 +168,7 @@ class Ledger:
     def save_shape(pipe: Any, state: ShapeState) -> None:
         """Write the shape and its one-line summary (what status views read) in the same transaction."""
         state.updated_at = clock.now(pipe)
-        pipe.set(keys.shape(state.sid), state.model_dump_json())
+        pipe.set(keys.shape(state.sid), state.dumps())
         pipe.hset(keys.SUMMARY, state.sid, state.summary_json())
 
     def plan_step(self, pipe: Any, state: ShapeState, gpu_queue: str | None) -> StepRecord | None:
@@ -242,7 +242,7 @@ class Ledger:
         )
         if isinstance(reply, list):
             raw = reply[1]
-            return "ok", ShapeState.model_validate_json(raw) if raw else None
+            return "ok", ShapeState.loads(raw) if raw else None
         return str(reply), None
 
     def heartbeat(self, step_id: str, owner: str) -> bool:

@@ -1,6 +1,14 @@
-"""A shape's live state in Redis: its FSM loop plus where it runs (GPU, current step, epoch bookkeeping)."""
+"""A shape's live state in Redis: its FSM loop plus where it runs (GPU, current step, epoch bookkeeping).
+
+In Redis a state is stored packed (:meth:`ShapeState.dumps`: ``z:`` + base64 of its deflated JSON): every
+step reads and writes it a few times, from every host, and packing halves what crosses the network.
+:meth:`ShapeState.loads` also reads plain JSON.
+"""
 
 from __future__ import annotations
+
+import base64
+import zlib
 
 from pydantic import BaseModel, ConfigDict
 
@@ -9,6 +17,7 @@ from croqq.domain.shapes import Shape
 
 PENDING, ACTIVE, DONE, ERROR = "pending", "active", "done", "error"
 RESUME_BOOST = 1_000_000.0  # subtracted from the rank of resumed shapes so they run first
+PACKED = "z:"
 
 
 def make_sid(gpu_type: str, dsl: str, key: str) -> str:
@@ -38,6 +47,18 @@ class ShapeSummary(BaseModel):
 
 class ShapeState(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def dumps(self) -> str:
+        """The packed form stored in Redis (text: croqq's clients decode replies)."""
+        return PACKED + base64.b64encode(zlib.compress(self.model_dump_json().encode(), 1)).decode("ascii")
+
+    @classmethod
+    def loads(cls, raw: str | bytes) -> ShapeState:
+        """A state from its packed form or from plain JSON."""
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        if text.startswith(PACKED):
+            return cls.model_validate_json(zlib.decompress(base64.b64decode(text[len(PACKED) :])))
+        return cls.model_validate_json(text)
 
     sid: str
     gpu_type: str

@@ -137,8 +137,8 @@ def unstick_shapes(rt: Runtime) -> int:
         batch = sids[start : start + 200]
         raws = rt.client.mget([keys.shape(s) for s in batch])
         for raw in raws:
-            if raw and _stuck(rt, ShapeState.model_validate_json(raw)):
-                fixed += _replan(rt, ShapeState.model_validate_json(raw).sid)
+            if raw and _stuck(rt, ShapeState.loads(raw)):
+                fixed += _replan(rt, ShapeState.loads(raw).sid)
     return fixed
 
 

@@ -181,11 +181,11 @@ def test_idea_hash_is_recorded_once_with_the_proposal(cluster: Cluster) -> None:
     state = cluster.ledger.complete(step.step_id, 0, "w", baseline_event())
     # jump the loop to IDEATE as if stored
     state.loop = state.loop.model_copy(update={"phase": Phase.IDEATE, "pending": None, "current_iter": 0})
-    cluster.client.set(keys.shape(sid), state.model_dump_json())
+    cluster.client.set(keys.shape(sid), state.dumps())
     rec = StepRecord(step_id=f"{sid}#99", sid=sid, kind="ideate", epoch=0, status="queued", queue="ideate")
     cluster.client.hset(keys.step(rec.step_id), mapping={k: str(v) for k, v in rec.model_dump().items()})
     state.step_id = rec.step_id
-    cluster.client.set(keys.shape(sid), state.model_dump_json())
+    cluster.client.set(keys.shape(sid), state.dumps())
     cluster.ledger.claim(rec.step_id, 0, "w", rec.kind, rec.sid)[0]
     idea = Idea(summary="s", tag="t", knobs={"TILE_M": 64}, content_hash="abcdef0123456789")
     cluster.ledger.complete(rec.step_id, 0, "w", Proposed(idea=idea))
@@ -280,3 +280,14 @@ def test_retry_resumes_a_parked_shape_on_a_gpu(cluster: Cluster) -> None:
     state = cluster.ledger.load_shape(sid)
     assert state is not None and state.error == "" and state.gpu_uuid == "GPU-a"
     assert cluster.published[-1].kind == "baseline" and state.step_id == cluster.published[-1].step_id
+
+
+def test_a_shape_is_stored_packed_and_read_back_whole_also_from_plain_json(cluster: Cluster) -> None:
+    from croqq.delivery.state import PACKED, ShapeState
+
+    sid = cluster.submit(1)[0]
+    raw = cluster.client.get(keys.shape(sid))
+    assert raw.startswith(PACKED)  # what crosses the network on every step is deflated
+    state = cluster.ledger.load_shape(sid)
+    assert state is not None and len(raw) < len(state.model_dump_json())
+    assert ShapeState.loads(raw) == state == ShapeState.loads(state.model_dump_json())
