@@ -73,13 +73,13 @@ def partition_gpu_host(fleet: Fleet, host: str = "gpu1", limit: int = 4) -> Outc
     """Its link down in the middle of MEASURE for longer than 2x the lease TTL, then healed."""
     sub, affected = _mid_measure(fleet, host, limit)
     steps = {s: fleet.shapes([s])[s].step_id for s in affected}
-    watch = _Watch(fleet, affected)
     t0 = time.monotonic()
     fleet.bed.host(host).link_down()
     time.sleep(2.2 * fleet.config.lease_ttl_s)
     redispatched = {s: fleet.shapes([s])[s].step_id for s in affected}
-    fleet.bed.host(host).link_up()
     healed = time.monotonic()
+    watch = _Watch(fleet, affected)  # from the heal: what its shapes store next
+    fleet.bed.host(host).link_up()
     at = watch.wait()
     fleet.wait_done(sub)
     epochs = {s: int(fleet.client.hget(keys.step(str(steps[s])), "epoch") or 0) for s in affected}
@@ -114,14 +114,15 @@ def partition_writer(fleet: Fleet, hold_s: float = 30.0, limit: int = 4) -> Outc
     sub = fleet.submit(max_iter=MAX_ITER, limit=limit)
     _wait(lambda: int(fleet.client.hget(keys.STATS, "stored") or 0) >= limit + 1, "the first iterations")
     sids = sorted(fleet.shapes(strs(fleet.client.smembers(keys.SHAPES))))
-    stored_before = int(fleet.client.hget(keys.STATS, "stored") or 0)
-    watch = _Watch(fleet, sids)
     t0 = time.monotonic()
     fleet.bed.host("writer").link_down()
-    time.sleep(hold_s)
-    during = int(fleet.client.hget(keys.STATS, "stored") or 0) - stored_before
-    fleet.bed.host("writer").link_up()
+    time.sleep(1.0)  # a STORE whose transaction was on the wire at the cut may still land
+    stored_at_cut = int(fleet.client.hget(keys.STATS, "stored") or 0)
+    time.sleep(hold_s - 1.0)
+    during = int(fleet.client.hget(keys.STATS, "stored") or 0) - stored_at_cut
     healed = time.monotonic()
+    watch = _Watch(fleet, sids)  # from the heal: the next STORE of any shape
+    fleet.bed.host("writer").link_up()
     at = watch.wait()
     fleet.wait_done(sub)
     return Outcome(sub, MAX_ITER, at - t0, at - healed, sids, {"stored_during": during})

@@ -60,8 +60,8 @@ def make_client(url: str, settings: Settings | None = None) -> redis.Redis:
         decode_responses=True,
         retry=retry,
         retry_on_error=[ConnectionError, TimeoutError, BusyLoadingError, ConnectionRefusedError],
-        socket_timeout=30,
-        socket_connect_timeout=5,
+        socket_timeout=5,  # a command caught by a partition fails over to a new connection after the heal
+        socket_connect_timeout=2,
         health_check_interval=15,
         **kwargs,
     )
