@@ -191,7 +191,9 @@ class Ledger:
         state.step_seq += 1
         now = clock.now(pipe)
         record = StepRecord(
-            step_id=f"{state.sid}#{state.step_seq}.{secrets.token_hex(4)}",  # unique even if Redis forgets
+            # <key>#<seq>.<48 random bits>: unique even if Redis forgets (a re-run never reuses one), and
+            # short, since a step id crosses the network a dozen times per step
+            step_id=f"{state.key}#{state.step_seq}.{secrets.token_hex(6)}",
             sid=state.sid,
             kind=kind,
             epoch=0,

@@ -55,7 +55,7 @@ def celery_publisher(record: StepRecord, celery: Celery | None = None) -> None:
 
         celery = app
     msg = StepMessage(step_id=record.step_id, epoch=record.epoch, sid=record.sid, kind=record.kind)
-    label = f"{record.kind} {record.step_id.rsplit('/', 1)[-1]} epoch {record.epoch}"  # what Flower shows
+    label = f"{record.kind} {record.sid.rsplit('/', 1)[-1]} e{record.epoch}"  # what Flower shows, short
     celery.send_task(
         STEP_TASK[record.kind], args=[msg.model_dump()], queue=record.queue, argsrepr=label, kwargsrepr=""
     )
