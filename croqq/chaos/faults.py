@@ -184,8 +184,12 @@ class Injector:
         sup = self.cluster.supervisor
         return sup.children[victim].pid if sup is not None and victim in sup.children else None
 
+    def _sid(self, step_id: str) -> str:
+        """The shape a step belongs to (its ledger record says; a step id names only the key)."""
+        return text(self.client.hget(keys.step(step_id), "sid")) or ""
+
     def _gpu_of_step(self, step_id: str) -> str:
-        raw = self.client.hget(keys.SUMMARY, step_id.split("#", 1)[0])
+        raw = self.client.hget(keys.SUMMARY, self._sid(step_id))
         return ShapeSummary.model_validate_json(raw).gpu if raw else ""
 
     def _gpu_main_pid(self, step_id: str) -> int | None:
@@ -234,7 +238,7 @@ class Injector:
 
     def _iters_of_steps(self, step_ids: list[str]) -> dict[str, int]:
         shapes = self._shapes()
-        sids = {s.split("#", 1)[0] for s in step_ids}
+        sids = {self._sid(s) for s in step_ids}
         return {sid: shapes[sid].current_iter for sid in sids if sid in shapes}
 
     def recovered(self, shot: Injected) -> bool:
@@ -261,7 +265,7 @@ class Injector:
         """The killed step was finished by someone else, or its shape has moved past it."""
         if text(self.client.hget(keys.step(step_id), "status")) == "done":
             return True
-        sid = step_id.split("#", 1)[0]
+        sid = self._sid(step_id)
         shape = self._shapes().get(sid)
         return shape is None or shape.status == "done" or shape.current_iter > shot.shapes.get(sid, 1 << 30)
 
