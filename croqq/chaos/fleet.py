@@ -9,8 +9,8 @@ through Redis over the bed's network. Each service runs under a restart loop, as
 policy would run it.
 
 The tests in ``tests/multihost`` and ``python -m croqq.bench --only hosts`` use it: faults are injected
-on the bed (:mod:`croqq.chaos.hostbed`) and :meth:`Fleet.time_to_store` measures the time from a fault
-to the next stored iteration of an affected shape.
+on the bed (:mod:`croqq.chaos.hostbed`) by :mod:`croqq.chaos.fleet_faults`, which measures the time from a
+fault to the next stored iteration of an affected shape.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -118,7 +119,9 @@ class Fleet:
         self.services[name] = procs
         return procs
 
-    def run(self, name: str, *args: str, timeout: float = 60.0, env: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
+    def run(
+        self, name: str, *args: str, timeout: float = 60.0, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run one `croqq` command on a host; the finished process."""
         host = self.bed.host(name)
         return host.run(self.croqq_argv(*args), env={**self.env(host), **(env or {})}, timeout=timeout,
@@ -204,19 +207,6 @@ class Fleet:
 
     def stored(self, sids: Iterable[str]) -> dict[str, int]:
         return {s: st.loop.current_iter for s, st in self.shapes(sids).items()}
-
-    def time_to_store(self, sids: Iterable[str], since: float, timeout_s: float = 120.0) -> float:
-        """Seconds from ``since`` (time.monotonic()) until one of ``sids`` stores its next iteration."""
-        sids = list(sids)
-        before = self.stored(sids)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            now = self.stored(sids)
-            if any(now.get(s, -1) > before.get(s, -1) for s in sids):
-                return time.monotonic() - since
-            if time.monotonic() > deadline:
-                raise ConfigError(f"none of {sids} stored an iteration within {timeout_s:.0f}s")
-            time.sleep(0.05)
 
     # -- what the fleet promises -----------------------------------------------------------------------
 
