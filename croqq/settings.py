@@ -69,7 +69,13 @@ class Settings(BaseSettings):
     )
 
     # -- backends ---------------------------------------------------------------------------------
-    backend: Literal["sim", "cuda"] = "sim"
+    backend: Literal["sim", "cuda", "replay"] = "sim"
+    replay_cache: Path | None = Field(
+        None, description="backend=replay: the Kernel Tuner cache file (JSON, optionally gzipped) it replays."
+    )
+    replay_repeats: int = Field(
+        7, ge=1, description="backend=replay: timed repeats per measurement, drawn from the recorded ones."
+    )
     probe: Literal["auto", "nvml", "sim"] = "auto"
     sim_gpus: int = Field(8, ge=1, le=64, description="Simulated GPUs per host when NVML finds none.")
     sim_gpu_type: str = "sm90_Simulated_H100_SXM"
@@ -167,6 +173,8 @@ class Settings(BaseSettings):
             raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
         if self.flower_basic_auth is not None:
             _check_basic_auth(self.flower_basic_auth.get_secret_value())
+        if self.backend == "replay":
+            _check_replay(self)
         if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
                 f"CROQQ_BROKER_URL={self.broker_url!r} is not a Redis URL; use redis://host:6379/0 or unix:///path"
@@ -188,6 +196,21 @@ class Settings(BaseSettings):
         if self.broker_url:
             return self.broker_url
         return f"unix://{(self.run_dir / 'redis' / 'redis.sock').resolve()}"
+
+
+def _check_replay(s: Settings) -> None:
+    """backend=replay: a readable cache file, and the replay dsl (the default then)."""
+    if s.replay_cache is None or str(s.replay_cache) in ("", "."):
+        raise ConfigError("CROQQ_BACKEND=replay needs CROQQ_REPLAY_CACHE (a Kernel Tuner cache file)")
+    try:
+        with s.replay_cache.open("rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"CROQQ_REPLAY_CACHE={s.replay_cache}: cannot read it ({exc.strerror})") from exc
+    if "dsl" not in s.model_fields_set:
+        s.dsl = "replay"  # croqq.backends.replay.REPLAY_DSL
+    elif s.dsl != "replay":
+        raise ConfigError(f"CROQQ_BACKEND=replay measures the replay dsl only, not CROQQ_DSL={s.dsl}")
 
 
 def _check_basic_auth(value: str) -> None:

@@ -1,4 +1,5 @@
-"""Measurement backends: the simulated GPU and real CUDA, behind one small interface."""
+"""Measurement backends: the simulated GPU, real CUDA and a recorded landscape's replay, behind one small
+interface."""
 
 from __future__ import annotations
 
@@ -17,6 +18,23 @@ def make_backend(settings: Settings, manifest: Manifest, artifacts: ArtifactStor
         from croqq.backends.cuda import CudaBackend
 
         return CudaBackend(manifest, settings, artifacts)
+    if settings.backend == "replay":
+        from croqq.backends.replay import ReplayBackend
+
+        return ReplayBackend(manifest, settings, artifacts)
     from croqq.backends.sim import SimBackend
 
     return SimBackend(manifest, settings, artifacts)
+
+
+def backend_manifest(settings: Settings) -> Manifest:
+    """The manifest every process of a cluster works from: ``CROQQ_MANIFEST``'s, plus (backend=replay) the
+    replay dsl whose knob space is ``CROQQ_REPLAY_CACHE``'s (loaded once per process)."""
+    from croqq.domain.manifest import cached_manifest
+
+    manifest = cached_manifest(str(settings.manifest))
+    if settings.backend != "replay":
+        return manifest
+    from croqq.backends.replay import replay_manifest, settings_landscape
+
+    return replay_manifest(manifest, settings_landscape(settings))

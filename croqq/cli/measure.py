@@ -36,22 +36,22 @@ def measure(
     gpu_type: str = typer.Option(
         "", "--gpu", help="The GPU type the measurement was stored for (a label; shown in the output)."
     ),
-    dsl: str = typer.Option("cuda", "--dsl"),
+    dsl: str | None = typer.Option(None, "--dsl", help="Default CROQQ_DSL (replay with backend=replay)."),
     gpu_index: int = typer.Option(0, "--gpu-index", help="Which GPU of this host (simulated without NVML)."),
 ) -> None:
     """Build one candidate (knobs, or a source file) and measure it on one GPU of this host; print one
     JSON line (no cluster). Run in the results repo, `--source` reproduces a stored measurement."""
-    from croqq.backends import make_backend
+    from croqq.backends import backend_manifest, make_backend
     from croqq.backends._base import GpuContext
     from croqq.backends.toolchain import knob_candidate, toolchain_id
     from croqq.domain.knobs import seed_knobs, source_candidate
-    from croqq.domain.manifest import load_manifest
     from croqq.domain.shapes import parse_key
     from croqq.domain.source import SourceError, load_stored, read_file
     from croqq.probes import make_probe
 
     settings = load_settings()
-    manifest = load_manifest(settings.manifest)
+    manifest = backend_manifest(settings)  # with backend=replay: plus the replay dsl
+    dsl = dsl or settings.dsl
     shape = parse_key(key)
     if source is not None and knobs:
         raise ConfigError("--source and --knobs are exclusive: a source file sets its own knobs")

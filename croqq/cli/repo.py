@@ -14,9 +14,9 @@ from croqq.errors import ConfigError
 def _dsl_filter(dsl: str) -> str | None:
     if dsl == "all":
         return None
-    from croqq.domain.manifest import load_manifest
+    from croqq.backends import backend_manifest
 
-    load_manifest(load_settings().manifest).dsl(dsl)
+    backend_manifest(load_settings()).dsl(dsl)
     return dsl
 
 

@@ -10,9 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from croqq.backends import backend_manifest
 from croqq.cli import app
 from croqq.cli.common import load_settings
-from croqq.domain.manifest import Manifest, load_manifest
+from croqq.domain.manifest import Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule, expand_dtypes
 from croqq.domain.shapes import parse_dims
 from croqq.errors import ConfigError
@@ -48,7 +49,11 @@ def _dry_run(schedule: list[ScheduledShape], as_json: bool) -> None:
 @app.command()
 def submit(
     dtype: str = typer.Option(..., "--dtype", help="f16 | e4m3 | all (every dtype of the manifest)."),
-    dsl: str = typer.Option("cuda", "--dsl", help="Kernel language (manifest 'dsls')."),
+    dsl: str | None = typer.Option(
+        None,
+        "--dsl",
+        help="Kernel language (manifest 'dsls'; default CROQQ_DSL, replay with backend=replay).",
+    ),
     shape: str | None = typer.Option(
         None, "--shape", help="Only this MxNxK (must pass the size constraints)."
     ),
@@ -77,7 +82,8 @@ def submit(
     iterations than asked is reopened. Nothing is enqueued if any argument is invalid.
     """
     settings = load_settings()
-    manifest = load_manifest(settings.manifest)
+    manifest = backend_manifest(settings)  # with backend=replay: plus the replay dsl
+    dsl = dsl or settings.dsl
     dims = parse_dims(shape) if shape else None
     schedule = build_schedule(manifest, dtype, only=dims)[:limit]
     iterations = max_iter or manifest.mode(mode).max_iter

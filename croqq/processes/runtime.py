@@ -22,7 +22,7 @@ from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import STEP_TASK
 from croqq.delivery.redis_client import connect, text
-from croqq.domain.manifest import Manifest, cached_manifest
+from croqq.domain.manifest import Manifest
 from croqq.errors import ConfigError
 from croqq.placement.assign import Placement
 from croqq.settings import Settings, get_settings
@@ -98,7 +98,9 @@ class Runtime:
 
     @cached_property
     def manifest(self) -> Manifest:
-        return cached_manifest(str(self.settings.manifest))
+        from croqq.backends import backend_manifest
+
+        return backend_manifest(self.settings)  # with backend=replay: plus the replay dsl
 
     @cached_property
     def client(self) -> redis.Redis:
