@@ -204,7 +204,7 @@ class SearchProposer(Proposer):
             if move is None:
                 continue
             moves.append(move)
-            partner = PAIRED.get(knob)
+            partner = PAIRED.get(knob) if PAIRED.get(knob) in ctx.knob_space else None
             if (
                 partner
                 and len(moves) < count
@@ -252,7 +252,7 @@ class SearchProposer(Proposer):
         self, ctx: ProposeContext, rng: random.Random, base: dict[str, int]
     ) -> tuple[dict[str, int], str, str]:
         moves: list[Move] = []
-        for knob in rng.sample(sorted(ctx.knob_space), rng.choice((4, 5))):
+        for knob in rng.sample(sorted(ctx.knob_space), min(len(ctx.knob_space), rng.choice((4, 5)))):
             move = _shift(ctx.knob_space, base, knob, rng.choice((-2, -1, 1, 2)))
             move = move or _shift(ctx.knob_space, base, knob, rng.choice((-1, 1)))
             if move is not None:

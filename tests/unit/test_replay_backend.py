@@ -247,3 +247,29 @@ def test_the_xgemm_landscape_replays_its_optimum_near_its_recorded_time(
     outcome = be.build(SHAPE, knob_candidate(manifest, s, REPLAY_DSL, SHAPE, knobs))
     (m,) = be.measure(gpu(), SHAPE, [outcome.artifact])
     assert m.median_ms == pytest.approx(best_ms, rel=0.05) and m.tflops == pytest.approx(12.0, rel=0.06)
+
+
+def test_the_search_proposer_works_on_a_small_space_that_shares_one_gemm_knob_name(tmp_path: Path) -> None:
+    """TILE_M without its WARPS_M partner, and fewer knobs than a radical jump moves."""
+    cache = {
+        f"{t},{u},{v}": {"time": 1.0 + t / 100 + u + v, "times": [1.0]}
+        for t in (64, 128, 256)
+        for u in (1, 2, 3)
+        for v in (0, 1)
+    }
+    raw = {
+        "tune_params_keys": ["TILE_M", "UNROLL", "VEC"],
+        "tune_params": {"TILE_M": [64, 128, 256], "UNROLL": [1, 2, 3], "VEC": [0, 1]},
+        "cache": cache,
+    }
+    (tmp_path / "small.json").write_text(json.dumps(raw))
+    manifest = replay_manifest(base_manifest(), load_landscape(tmp_path / "small.json"))
+    proposer = SearchProposer(manifest, Settings())
+    for strategy in ("refine", "escalate", "radical"):
+        seed = seed_knobs(manifest, REPLAY_DSL, SHAPE.dtype, "reference")
+        tried = [knob_candidate(manifest, Settings(), REPLAY_DSL, SHAPE, seed).content_hash]
+        for iteration in range(1, 4):  # radical moves all three knobs: 4 such ideas here
+            idea = proposer.propose(search_context(manifest, strategy, iteration, tried))
+            check_knobs(manifest.dsl(REPLAY_DSL), idea.knobs)
+            assert idea.content_hash not in tried
+            tried.append(idea.content_hash)
