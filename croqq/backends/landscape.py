@@ -145,6 +145,8 @@ def load_landscape(path: Path, name: str | None = None) -> Landscape:
     params = raw["tune_params"]
     if not isinstance(keys, list) or not isinstance(params, dict) or set(keys) != set(params):
         raise ConfigError(f"{path}: tune_params_keys and tune_params must name the same knobs")
+    if not isinstance(raw["cache"], dict):
+        raise ConfigError(f'{path}: cache must map "v1,v2,..." to a record')
     space = {k: _int_values(path, k, params[k]) for k in keys}
     records: dict[Config, Record] = {}
     for key, value in raw["cache"].items():
@@ -160,6 +162,6 @@ def load_landscape(path: Path, name: str | None = None) -> Landscape:
     if not records:
         raise ConfigError(f"{path}: the cache holds no valid measured configuration")
     problem = raw.get("problem_size")
-    dims = tuple(int(d) for d in problem) if isinstance(problem, list) else ()
+    dims = tuple(problem) if isinstance(problem, list) and all(isinstance(d, int) for d in problem) else ()
     label = name or path.name.split(".")[0]
     return Landscape(name=label, keys=tuple(keys), space=space, records=records, problem=dims)

@@ -38,7 +38,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from croqq.backends._base import Backend, GpuContext
-from croqq.backends.landscape import Landscape, load_landscape
+from croqq.backends.landscape import Landscape, Record, load_landscape
 from croqq.delivery.artifacts import ArtifactStore
 from croqq.domain import source as src
 from croqq.domain.knobs import Candidate, knobs_summary, render_source
@@ -136,20 +136,18 @@ class ReplayBackend(Backend):
 
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
         command = f"$ replay {self.landscape.name} {knobs_summary(candidate.knobs)}\n"
-        error = self._refusal(shape, candidate)
-        if error is not None:
-            log.info("replay build %s %s failed: %s", shape.key, candidate.short_hash, error)
-            return BuildOutcome(ok=False, reason=error, log=f"{command}{error}\n")
-        rec = self.landscape.record(candidate.knobs)
-        assert rec is not None  # _refusal checked it
+        rec = self._lookup(shape, candidate)
+        if isinstance(rec, str):
+            log.info("replay build %s %s failed: %s", shape.key, candidate.short_hash, rec)
+            return BuildOutcome(ok=False, reason=rec, log=f"{command}{rec}\n")
         art = ReplayArtifact(
             dsl=candidate.dsl, key=shape.key, hash=candidate.content_hash, knobs=candidate.knobs
         )
         text = f"{command}recorded: mean {rec.time_ms:.5f} ms over {len(rec.times_ms)} repeats\n"
         return self.built(shape, candidate, art.model_dump_json().encode(), text)
 
-    def _refusal(self, shape: Shape, candidate: Candidate) -> str | None:
-        """Why the candidate cannot be replayed (one line), or None."""
+    def _lookup(self, shape: Shape, candidate: Candidate) -> Record | str:
+        """The candidate's record, or why it cannot be replayed (one line)."""
         where = f"the recorded landscape {self.landscape.name}"
         unknown = sorted(set(candidate.knobs) - set(self.landscape.keys))
         if unknown:
@@ -165,7 +163,7 @@ class ReplayBackend(Backend):
         names = self.landscape.keys
         if src.structure(candidate.source, names) != src.structure(template, names):
             return f"the source changes more than the knob macros; {where} holds knob configurations only"
-        return None
+        return rec
 
     # -- measure ------------------------------------------------------------------------------------
 

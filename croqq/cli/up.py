@@ -45,13 +45,13 @@ def up(
     ),
 ) -> None:
     """Start a whole local cluster (embedded Redis, simulated GPUs without NVML); optionally submit, watch."""
-    from croqq.domain.manifest import load_manifest
+    from croqq.backends import backend_manifest
     from croqq.domain.schedule import build_schedule
     from croqq.domain.shapes import parse_dims
 
     settings = load_settings()
     if dtype:  # refuse bad input before anything starts
-        manifest = load_manifest(settings.manifest)
+        manifest = backend_manifest(settings)  # with backend=replay: the cache file is read here
         build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)
         manifest.mode(mode)
     env = {

@@ -202,6 +202,7 @@ def test_profile_reports_an_unknown_bottleneck(tmp_path: Path) -> None:
         (b"\x1f\x8b this is not gzip", "not a Kernel Tuner cache file"),
         (b"{not json", "not a Kernel Tuner cache file"),
         (b'{"cache": {}}', "missing tune_params_keys, tune_params"),
+        (b'{"tune_params_keys": ["A"], "tune_params": {"A": [1]}, "cache": [1]}', "cache must map"),
         (
             b'{"tune_params_keys": ["A"], "tune_params": {"A": [1]}, '
             b'"cache": {"1": {"time": "InvalidConfig"}}}',
