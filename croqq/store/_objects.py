@@ -4,19 +4,19 @@ Why packs: a STORE commit creates ~22 objects (9 blobs, 12 trees, the commit). A
 22 files, each a create + write + rename (libgit2 adds a probe and a pack-folder listing per object):
 on a small VM's ext4 each file creation costs 0.1-0.4 ms, most of a commit. :class:`PackSink` writes the
 commit's objects as ONE pack (``objects/pack/pack-<sha>.pack`` + ``.idx``, version 2, no deltas): two
-files per commit, whatever the number of objects.
-
-Packs pile up, so :class:`PackStack` merges the packs written by this process in a background thread:
-when ``fan`` packs of the same level exist they are concatenated (entries are position-independent
-without deltas: no recompression) into one pack of the next level. Each object is rewritten about
-log_fan(commits) times and about ``fan`` packs per level stay on disk. Packs found at start-up, and
-merges beyond ``MAX_PACK_BYTES``, are left to ``git gc``.
+files per commit, whatever the number of objects. Objects of ``RAW_FROM`` bytes or more (state.json, the
+appended logs, the wide trees) are stored uncompressed (zlib level 0): compressing them would cost more
+than the rest of the commit, and the background merge (``croqq.store._packstack``) stores each of them
+as a delta against its previous version anyway. Each object that replaces an older one at the same path
+carries that one's id as a *hint* (in memory, never on disk): the merge's delta base.
 
 The formats are git's documented pack and pack-index v2 (``git verify-pack``/``git fsck`` check them).
-A pack becomes visible when its ``.idx`` appears (renamed last); merged packs are removed index first.
-With ``fsync`` (the default) each file is fsynced before its rename and the pack folder after both, so a
-pack is durable before the branch moves onto its commit, and a merged pack before the packs it replaces
-are deleted.
+A pack becomes visible when its ``.idx`` appears (renamed last). With ``fsync`` (the default) each file is
+fsynced before its rename and the pack folder after both, so a pack is durable before the branch moves
+onto its commit.
+
+Trees (:class:`Trees`) mirror the tip's folders in memory; a commit writes only the blobs and trees that
+differ from the tip (an unchanged file, or a folder that ends up the same, is not written again).
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ UNSET = object()
 Entry = tuple[int, pygit2.Oid]
 IDX_MAGIC = b"\xfftOc"
 MAX_PACK_BYTES = 1 << 30  # stop merging beyond this (offsets stay below 2**31); git gc takes over
+RAW_FROM = 4096  # objects this big are written uncompressed at commit time (the merge compresses them)
+OFS_DELTA = 6
+PACK_HEADER_BYTES = 12
 
 
 def object_id(kind: bytes, body: bytes) -> bytes:
@@ -55,10 +58,9 @@ def object_id(kind: bytes, body: bytes) -> bytes:
     return digest.digest()
 
 
-def _entry(kind: bytes, body: bytes, level: int) -> bytes:
-    """One pack entry: the type-and-size header, then the zlib-compressed body."""
-    size = len(body)
-    byte = (TYPE_CODES[kind] << 4) | (size & 0x0F)
+def entry_header(code: int, size: int) -> bytes:
+    """A pack entry's type-and-size header (``code``: 1 commit, 2 tree, 3 blob, 6 OFS_DELTA)."""
+    byte = (code << 4) | (size & 0x0F)
     size >>= 4
     header = bytearray()
     while size:
@@ -66,14 +68,55 @@ def _entry(kind: bytes, body: bytes, level: int) -> bytes:
         byte = size & 0x7F
         size >>= 7
     header.append(byte)
-    return bytes(header) + zlib.compress(body, level)
+    return bytes(header)
+
+
+def ofs_distance(distance: int) -> bytes:
+    """An OFS_DELTA entry's distance back to its base, in git's offset encoding."""
+    out = [distance & 0x7F]
+    distance >>= 7
+    while distance:
+        distance -= 1
+        out.append(0x80 | (distance & 0x7F))
+        distance >>= 7
+    return bytes(reversed(out))
+
+
+def parse_header(entry: bytes) -> tuple[int, int, int, int]:
+    """(type code, size, header length, OFS_DELTA distance or 0) of a pack entry."""
+    byte = entry[0]
+    code, size, shift, pos = (byte >> 4) & 7, byte & 0x0F, 4, 1
+    while byte & 0x80:
+        byte = entry[pos]
+        pos += 1
+        size |= (byte & 0x7F) << shift
+        shift += 7
+    distance = 0
+    if code == OFS_DELTA:
+        byte = entry[pos]
+        pos += 1
+        distance = byte & 0x7F
+        while byte & 0x80:
+            byte = entry[pos]
+            pos += 1
+            distance = ((distance + 1) << 7) | (byte & 0x7F)
+    return code, size, pos, distance
+
+
+def _entry(kind: bytes, body: bytes, level: int) -> bytes:
+    """One pack entry: the type-and-size header, then the zlib-compressed body."""
+    return entry_header(TYPE_CODES[kind], len(body)) + zlib.compress(body, level)
 
 
 @dataclass
 class _Entries:
-    """Pack entries keyed by object id (raw): (crc32, entry bytes)."""
+    """Pack entries keyed by object id (raw): (crc32, entry bytes), in pack order; ``hints``: object ->
+    the object it replaced at the same path (a delta base for the merge); ``raw``: objects stored
+    uncompressed."""
 
     items: dict[bytes, tuple[int, bytes]] = field(default_factory=dict)
+    hints: dict[bytes, bytes] = field(default_factory=dict)
+    raw: set[bytes] = field(default_factory=set)
 
     def add(self, oid: bytes, entry: bytes) -> None:
         if oid not in self.items:
@@ -128,27 +171,6 @@ def _publish(folder: Path, final: Path, data: bytes, fsync: bool) -> None:
     os.replace(tmp, final)
 
 
-def _read_pack(stem: Path, into: _Entries) -> None:
-    """Add every entry of a (non-delta) pack that this module wrote, using its .idx; a pack that is
-    gone already is skipped."""
-    try:
-        index = stem.with_suffix(".idx").read_bytes()
-        data = stem.with_suffix(".pack").read_bytes()
-    except FileNotFoundError:  # `git gc` repacked it meanwhile: its objects live on in gc's pack
-        return
-    count = struct.unpack(">I", index[8 + 255 * 4 : 8 + 256 * 4])[0]
-    base = 8 + 256 * 4
-    names = [index[base + 20 * i : base + 20 * (i + 1)] for i in range(count)]
-    base += 20 * count
-    crcs = struct.unpack(f">{count}I", index[base : base + 4 * count])
-    offsets = struct.unpack(f">{count}I", index[base + 4 * count : base + 8 * count])
-    ends = [*sorted(offsets), len(data) - 20]
-    end_of = {start: ends[i + 1] for i, start in enumerate(ends[:-1])}
-    for oid, crc, start in zip(names, crcs, offsets, strict=True):
-        if oid not in into.items:
-            into.items[oid] = (crc, data[start : end_of[start]])
-
-
 class PackSink:
     """Collects one commit's objects and writes them as one pack on :meth:`flush`."""
 
@@ -157,10 +179,24 @@ class PackSink:
         self.fsync = fsync
         self.entries = _Entries()
 
-    def add(self, kind: bytes, body: bytes, level: int = 1) -> pygit2.Oid:
-        oid = object_id(kind, body)
+    def add(
+        self,
+        kind: bytes,
+        body: bytes,
+        level: int = 1,
+        base: pygit2.Oid | None = None,
+        known: pygit2.Oid | None = None,
+    ) -> pygit2.Oid:
+        """Add an object (``base``: the one it replaces at its path, the merge's delta base; ``known``:
+        its id, when the caller has hashed it already)."""
+        oid = known.raw if known is not None else object_id(kind, body)
         if oid not in self.entries.items:
+            if len(body) >= RAW_FROM:
+                level = 0
+                self.entries.raw.add(oid)
             self.entries.add(oid, _entry(kind, body, level))
+            if base is not None and base.raw != oid:
+                self.entries.hints[oid] = base.raw
         return pygit2.Oid(raw=oid)
 
     def flush(self) -> Path | None:
@@ -176,7 +212,14 @@ class LibgitSink:
         self.fsync = fsync
         self._written: list[pygit2.Oid] = []
 
-    def add(self, kind: bytes, body: bytes, level: int = 1) -> pygit2.Oid:
+    def add(
+        self,
+        kind: bytes,
+        body: bytes,
+        level: int = 1,
+        base: pygit2.Oid | None = None,
+        known: pygit2.Oid | None = None,
+    ) -> pygit2.Oid:
         types = {b"commit": pygit2.enums.ObjectType.COMMIT, b"tree": pygit2.enums.ObjectType.TREE}
         oid = self._repo.odb.write(types.get(kind, pygit2.enums.ObjectType.BLOB), body)
         self._written.append(oid)
@@ -193,112 +236,6 @@ class LibgitSink:
                     fsync_path(objects / folder)
             fsync_path(objects)
         return None
-
-
-@dataclass(eq=False)
-class _Pack:
-    stem: Path
-    level: int
-    size: int
-    entries: _Entries | None = None  # kept in memory for the first merge (no re-read of small files)
-
-
-class PackStack:
-    """The packs this process wrote, merged ``fan`` at a time per level (an LSM-style counter) by a
-    background thread, so that a commit never waits for a merge (a level-3 merge rewrites ~50 MB).
-
-    The thread only reads, writes and deletes pack files; it never touches libgit2. A merged pack is
-    complete on disk before the packs it replaces are deleted, so every object is always in some pack.
-    """
-
-    def __init__(self, folder: Path, fan: int = 8, reopen_after: int = 64, fsync: bool = True) -> None:
-        self.folder = folder
-        self.fsync = fsync
-        self.fan = fan
-        self.reopen_after = reopen_after
-        self._packs: list[_Pack] = []
-        self._busy: set[int] = set()
-        self._removed = 0
-        self._closing = False
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def push(self, stem: Path, entries: _Entries | None = None) -> bool:
-        """Register a new level-0 pack. True when ``reopen_after`` packs were merged away since the last
-        True: libgit2 never forgets a pack it has seen (a lookup miss searches them all), so the caller
-        should then reopen its repository."""
-        size = (
-            sum(len(e) for _, e in entries.items.values())
-            if entries
-            else stem.with_suffix(".pack").stat().st_size
-        )
-        with self._wake:
-            self._packs.append(_Pack(stem, 0, size, entries))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="croqq-pack-merge", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-            if self._removed < self.reopen_after:
-                return False
-            self._removed = 0
-            return True
-
-    def close(self) -> None:
-        """Finish the merges that are due, then stop the thread."""
-        with self._wake:
-            self._closing = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _due(self) -> list[_Pack] | None:
-        """The packs of the lowest full level that is not being merged (call with the lock held)."""
-        for level in sorted({p.level for p in self._packs} - self._busy):
-            same = [p for p in self._packs if p.level == level]
-            if len(same) >= self.fan and sum(p.size for p in same[: self.fan]) <= MAX_PACK_BYTES:
-                return same[: self.fan]
-        return None
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                batch = self._due()
-                while batch is None and not self._closing:
-                    self._wake.wait()
-                    batch = self._due()
-                if batch is None:
-                    return
-                self._busy.add(batch[0].level)
-            merged = self._merge(batch)
-            with self._wake:
-                self._busy.discard(batch[0].level)
-                kept = [p for p in self._packs if all(p is not b for b in batch)]
-                if merged is None:  # leave them to git gc, never retry
-                    for pack in batch:
-                        pack.level = -1
-                    continue
-                self._packs = [*kept, merged]
-                self._removed += len(batch)
-
-    def _merge(self, packs: list[_Pack]) -> _Pack | None:
-        entries = _Entries()
-        try:
-            for pack in packs:
-                if pack.entries is not None:
-                    for oid, item in pack.entries.items.items():
-                        entries.items.setdefault(oid, item)
-                else:
-                    _read_pack(pack.stem, entries)
-            stem = _write_pack(self.folder, entries, self.fsync)
-            for pack in packs:
-                if pack.stem != stem:
-                    pack.stem.with_suffix(".idx").unlink(missing_ok=True)
-                    pack.stem.with_suffix(".pack").unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("pack merge skipped: %s", exc)
-            return None
-        log.debug("merged %d packs into %s", len(packs), stem.name)
-        return _Pack(stem, packs[0].level + 1, sum(len(e) for _, e in entries.items.values()))
 
 
 Sink = PackSink | LibgitSink
@@ -414,37 +351,53 @@ class Trees:
         return folder.entries.get(name) if folder is not None else None
 
     def stage(self, node: Node, sink: Sink) -> Staged:
-        """Write the blobs and trees of ``node``'s changes into ``sink``; the mirror is not changed yet."""
+        """Write the blobs and trees of ``node``'s changes into ``sink``; the mirror is not changed yet.
+        What ends up identical to the tip (a file rewritten with the same bytes, hence its folders) is
+        not written."""
         staged = Staged()
-        staged.root = self._build("", node, False, staged, sink)
+        staged.root = self._build("", node, False, staged, sink, self.root)
         return staged
 
-    def _build(self, folder: str, node: Node, fresh: bool, staged: Staged, sink: Sink) -> pygit2.Oid | None:
+    def _build(
+        self, folder: str, node: Node, fresh: bool, staged: Staged, sink: Sink, old: pygit2.Oid | None
+    ) -> pygit2.Oid | None:
         base = None if fresh else self.folder(folder)
         new = base.copy() if base is not None else _Folder({}, {}, [])
         entries = new.entries
         for name, child in node.children.items():
             path = _join(folder, name)
+            prev = entries.get(name)
             if isinstance(child.data, bytes):
                 if child.children:
                     raise InvalidRecordError(f"{path!r}: written as a file and as a folder in one commit")
-                blob = sink.add(b"blob", child.data)
+                blob = pygit2.Oid(raw=object_id(b"blob", child.data))
+                if prev != (BLOB, blob):
+                    hint = prev[1] if prev is not None and prev[0] == BLOB else None
+                    sink.add(b"blob", child.data, 1, hint, blob)
                 staged.blobs[blob] = child.data
-                if entries.get(name, (0,))[0] == TREE:
+                if prev is not None and prev[0] == TREE:
                     staged.dropped.append(path)
                 new.set(name, BLOB, blob)
                 continue
             if child.data is None and new.remove(name):
                 staged.dropped.append(path)
             if child.children:
-                was_tree = entries.get(name, (0,))[0] == TREE
-                sub = self._build(path, child, fresh or not was_tree, staged, sink)
+                was_tree = prev is not None and prev[0] == TREE and child.data is UNSET
+                sub = self._build(
+                    path, child, fresh or not was_tree, staged, sink, prev[1] if was_tree and prev else None
+                )
                 if sub is None:
                     new.remove(name)
                 else:
                     new.set(name, TREE, sub)
         staged.folders[folder] = new
-        return sink.add(b"tree", new.data(), 0) if entries else None
+        if not entries:
+            return None
+        data = new.data()
+        tree = pygit2.Oid(raw=object_id(b"tree", data))
+        if tree != old:
+            sink.add(b"tree", data, 0, old, tree)
+        return tree
 
     def merge(self, staged: Staged, root: pygit2.Oid) -> None:
         """The staged commit is the tip now: adopt its trees."""

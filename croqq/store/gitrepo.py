@@ -2,11 +2,11 @@
 
 Commit. The changed blobs and only the trees along the changed paths are built (cost: path depth times
 the fan-out of the changed folders, never the number of files in the repo), with the commit object, as
-ONE small pack (``croqq.store._objects``: one pack per commit instead of ~22 loose files, merged in the
-background as they pile up). Then the branch moves with compare-and-swap semantics (``update-ref <new>
-<old>``): if the ref no longer points at the tip this object last read (a foreign writer), the move is
-refused with :class:`RetryableError`. A process killed before the ref moves leaves only an unreferenced
-pack (``git gc`` drops it); the branch is untouched.
+ONE small pack (``croqq.store._objects``: one pack per commit instead of ~22 loose files, merged with
+deltas in the background as they pile up). Then the branch moves with compare-and-swap semantics
+(``update-ref <new> <old>``): if the ref no longer points at the tip this object last read (a foreign
+writer), the move is refused with :class:`RetryableError`. A process killed before the ref moves leaves
+only an unreferenced pack (``git gc`` drops it); the branch is untouched.
 
 Durability (``fsync``, on by default; tuning/README.md "What survives a power loss"): the pack and its
 index are fsynced before their renames and the pack folder after them, all before the ref moves; libgit2
@@ -39,7 +39,8 @@ Working tree and index (``sync_worktree``, non-bare repos whose HEAD is the bran
   rewritten in the working tree and the index: this repairs a process killed between the ref move and
   the working-tree or index update (paths reach the index only after their working-tree write).
 
-Run ``git gc`` (or ``git maintenance``) from time to time: it packs everything into one pack.
+The writer repacks what it wrote itself (``croqq.store._packstack``: background merges with deltas, one
+pack at :meth:`GitRepo.close`); ``git gc`` is needed only for packs an earlier writer process left.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ import pygit2
 from croqq.errors import ConfigError, InvalidRecordError, RetryableError
 from croqq.store._fsync import fsync_path
 from croqq.store._locks import LockJournal
-from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, PackStack, Sink, Trees
+from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, Sink, Trees
+from croqq.store._packstack import PackStack
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,11 @@ rounds.raw.jsonl lines carry the whole RoundRecord except the raw timing and pro
 fields and the idea's source emptied): those are stored once, in perf/ and srcs/, and would otherwise
 make every append to a shape's history several times larger.
 
-state.json (all shapes of a run, rewritten by every commit) is kept parsed in memory, keyed by its blob
-id at the tip, so a commit does not re-parse 268 entries; a foreign change of the file is noticed by
-its id and re-read. All reads come from the branch tip, never the working tree.
+state.json (all shapes of a run) is kept parsed in memory, keyed by its blob id at the tip, so a commit
+does not re-parse 268 entries; a foreign change of the file is noticed by its id and re-read. A STORE
+that leaves every entry as it was (a compile-failed attempt: the entry has no attempt count) does not
+rewrite it, and no commit writes a file, or a folder, whose bytes are the tip's already
+(``croqq.store._objects.Trees``). All reads come from the branch tip, never the working tree.
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ class _Draft:
         self.changes: dict[str, bytes | None] = {}
         self._cache = state_cache
         self._states: dict[str, tuple[paths.RunPaths, dict[str, str]]] = {}
+        self._loaded: dict[str, dict[str, str] | None] = {}  # state.json entries as read (None: no file)
         self._checkpoints: dict[str, Checkpoint] = {}
 
     def read(self, path: str) -> bytes | None:
@@ -196,21 +199,24 @@ class _Draft:
                 state = parse_json(self.repo.read(path) or b"", StateFile, path)
                 entries = {key: render.state_line(key, e) for key, e in state.shapes.items()}
             self._states[path] = (run, entries)
+            self._loaded[path] = dict(entries) if blob is not None else None
         return self._states[path][1]
 
     def finish(self) -> dict[str, bytes | None]:
+        """The changes; a state.json whose entries did not change is not rewritten."""
         for path, (run, entries) in self._states.items():
-            self.put(path, render.state_text(run.gpu, run.dsl, entries))
+            if entries != self._loaded[path]:
+                self.put(path, render.state_text(run.gpu, run.dsl, entries))
         return self.changes
 
     def remember_states(self, committed: bool = True) -> None:
         """After the commit landed: the staged state.json files are the tip's now (their ids are read
         from the tip, or hashed when the caller writes the files elsewhere)."""
         for path, (_, entries) in self._states.items():
-            data = self.changes[path]
-            assert data is not None
-            blob = self.repo.blob_id(path) if committed else None
-            self._cache[path] = (blob or blob_id_of(data), entries)
+            data = self.changes.get(path)
+            blob = self.repo.blob_id(path) if committed or data is None else None
+            if blob is not None or data is not None:
+                self._cache[path] = (blob or blob_id_of(data or b""), entries)
 
 
 # -- staging one request ------------------------------------------------------------------------
