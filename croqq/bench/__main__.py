@@ -1,5 +1,6 @@
-"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,reconcile,source,agent,hosts]
-[--out bench/results.json]`: all benchmarks."""
+"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,reconcile,source,agent,hosts,tuning]
+[--out bench/results.json]`: all benchmarks. The tuning benchmark takes `[--landscape FILE ...]
+[--budgets 30,150] [--seeds N] [--json]` (`--json`: print only its report)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from croqq.bench import agent_bench, cluster_bench, hosts_bench, reconcile_bench, redis_bench, writer_bench
+from croqq.backends.landscape import load_landscape
+from croqq.bench import (
+    agent_bench,
+    cluster_bench,
+    hosts_bench,
+    reconcile_bench,
+    redis_bench,
+    tuning_bench,
+    writer_bench,
+)
+from croqq.errors import ConfigError
 from croqq.logs import configure
 
 log = logging.getLogger("croqq.bench")
-PARTS = ("writer", "sweep", "duty", "recovery", "redis", "reconcile", "source", "agent", "hosts")
+PARTS = ("writer", "sweep", "duty", "recovery", "redis", "reconcile", "source", "agent", "hosts", "tuning")
 
 
 def main() -> None:
@@ -25,11 +36,33 @@ def main() -> None:
         "--only", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS)
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results.json"))
+    parser.add_argument(
+        "--landscape",
+        type=Path,
+        action="append",
+        help="tuning: a recorded landscape (Kernel Tuner cache file, JSON or gzipped JSON), repeatable "
+        f"(default: {tuning_bench.DEFAULT_LANDSCAPE.relative_to(tuning_bench.LANDSCAPES.parent)})",
+    )
+    parser.add_argument("--budgets", default="30,150", help="tuning: measured configurations per run")
+    parser.add_argument("--seeds", type=int, default=20, help="tuning: runs per recorded landscape")
+    parser.add_argument("--json", action="store_true", help="tuning: print only the tuning report (JSON)")
     args = parser.parse_args()
     parts = [p for p in args.only.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(PARTS)}")
+    try:
+        budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
+    except ValueError:
+        parser.error(f"--budgets {args.budgets!r}: give comma-separated whole numbers, e.g. 30,150")
+    if not budgets or min(budgets) < 2 or args.seeds < 1:
+        parser.error("--budgets must be whole numbers >= 2 and --seeds at least 1")
+    landscapes = args.landscape or [tuning_bench.DEFAULT_LANDSCAPE]
+    for path in landscapes:
+        try:
+            load_landscape(path)
+        except ConfigError as exc:
+            parser.error(str(exc))
     configure("INFO")
     results: dict[str, object] = {
         "machine": f"{platform.node()} {platform.machine()}",
@@ -64,11 +97,19 @@ def main() -> None:
         if "hosts" in parts:
             log.info("multi-host benchmark (five namespace hosts: fault recovery, bytes per iteration) ...")
             results |= hosts_bench.run(work / "hosts")
+        if "tuning" in parts:
+            log.info(
+                "tuning quality (%d strategies, budgets %s, %d seeds) ...",
+                len(tuning_bench.STRATEGIES),
+                budgets,
+                args.seeds,
+            )
+            results["tuning"] = tuning_bench.run(landscapes, budgets, args.seeds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    print(json.dumps(results["tuning"] if args.json and "tuning" in results else results, indent=2))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def ideate_worker(
     ),
     log_level: str = LogLevel,
 ) -> None:
-    """Run an ideate worker (queue `ideate`): the proposer (CROQQ_PROPOSER: search, or a coding agent
+    """Run an ideate worker (queue `ideate`): the proposer (CROQQ_PROPOSER: model, search, or a coding agent
     CROQQ_AGENT). A preset whose executable is missing refuses at start-up (exit 2): this worker then
     takes no IDEATE work, and the shapes go to other ideate workers."""
     from croqq.domain.manifest import load_manifest

@@ -141,6 +141,7 @@ class HistoryEntry(_Record):
     change: str = ""
     proposer: str = ""
     error: str = ""
+    knobs: dict[str, int] = Field(default_factory=dict, description="The knob values measured or tried.")
 
     @property
     def field(self) -> str:

@@ -15,6 +15,10 @@ def make_proposer(settings: Settings, manifest: Manifest) -> Proposer:
         from croqq.proposers.agent.proposer import AgentProposer
 
         return AgentProposer(manifest, settings)
-    from croqq.proposers.search import SearchProposer
+    if settings.proposer == "search":
+        from croqq.proposers.search import SearchProposer
 
-    return SearchProposer(manifest, settings)
+        return SearchProposer(manifest, settings)
+    from croqq.proposers.model import ModelProposer
+
+    return ModelProposer(manifest, settings)

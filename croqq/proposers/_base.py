@@ -46,6 +46,7 @@ class ProposeContext(BaseModel):
     profile_metrics: dict[str, float] = {}
     tried: list[str]  # content hashes already proposed for this shape
     history: list[HistoryEntry] = []
+    seed: int = 0  # varies a seeded proposer's draws between runs on one shape (benchmarks); 0 in a cluster
 
 
 def slug(text: str) -> str:

@@ -41,6 +41,7 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
             change=idea.change if idea else "",
             proposer=idea.proposer if idea else "",
             error=(cand.detail if cand and cand.outcome != "ok" else "")[:EXCERPT],
+            knobs=idea.knobs if idea else before.loop.seed_knobs,
         )
     else:
         kind = rej.kind if rej else "compile"
@@ -53,6 +54,7 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
             change=idea.change if idea else "",
             proposer=idea.proposer if idea else (rej.proposer if rej else ""),
             error=error[:EXCERPT],
+            knobs=idea.knobs if idea else {},
         )
     pipe.hset(keys.history(before.sid), entry.field, entry.model_dump_json())
 
@@ -75,6 +77,7 @@ def entries_from_repo(rounds: list[RoundRecord], attempts: list[AttemptRecord]) 
             change=r.idea.change if r.idea else "",
             proposer=r.idea.proposer if r.idea else "",
             error=(r.measure.candidate.detail if r.measure.candidate.outcome != "ok" else "")[:EXCERPT],
+            knobs=r.knobs,
         )
         for r in rounds
     ]
@@ -87,6 +90,7 @@ def entries_from_repo(rounds: list[RoundRecord], attempts: list[AttemptRecord]) 
             change=a.idea.change if a.idea else "",
             proposer=a.idea.proposer if a.idea else a.proposer,
             error=a.reason[:EXCERPT],
+            knobs=a.idea.knobs if a.idea else {},
         )
         for a in attempts
     ]
