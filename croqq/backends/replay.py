@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 REPLAY_DSL = "replay"
 HEADER = "kernels/replay/replay.h"
-MACRO = re.compile(r"^[A-Z_][A-Z0-9_]*$")  # a knob is a #define that croqq.domain.source can read back
+MACRO = re.compile(r"^[A-Za-z_]\w*$", re.ASCII)  # a knob is a #define that croqq.domain.source reads back
 RESERVED = frozenset({"GEMM_M", "GEMM_N", "GEMM_K"})  # the shape macros every candidate defines
 
 
@@ -61,7 +61,7 @@ def _check_names(landscape: Landscape) -> None:
     if bad:
         raise ConfigError(
             f"landscape {landscape.name}: knob name(s) {', '.join(bad)} cannot be croqq knob macros "
-            "(upper-case C identifiers other than GEMM_M/N/K)"
+            "(C identifiers other than GEMM_M/N/K)"
         )
 
 

@@ -30,7 +30,9 @@ from pathlib import Path
 from croqq.errors import CroqqError
 
 INCLUDE = re.compile(r'^([ \t]*#[ \t]*include[ \t]*)([<"])([^>"\n]*)([>"])', re.MULTILINE)
-DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Z_][A-Z0-9_]*)[ \t]+\(?(-?\d+)\)?[ \t]*$", re.MULTILINE)
+DEFINE = re.compile(
+    r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)[ \t]+\(?(-?\d+)\)?[ \t]*$", re.MULTILINE | re.ASCII
+)
 _TOKENS = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.DOTALL)
 HEADERS_DIR = "headers"
 HEADER_SUFFIXES = (".cuh", ".h", ".hpp", ".inc")

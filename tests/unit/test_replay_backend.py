@@ -229,13 +229,26 @@ def test_backend_replay_without_a_readable_cache_is_one_config_error_line(tmp_pa
 
 def test_knob_names_that_cannot_be_macros_are_refused(tmp_path: Path) -> None:
     raw = {
-        "tune_params_keys": ["block_size_x"],
-        "tune_params": {"block_size_x": [32]},
+        "tune_params_keys": ["block-size"],
+        "tune_params": {"block-size": [32]},
         "cache": {"32": {"time": 1.0}},
     }
+    (tmp_path / "dash.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="block-size cannot be croqq knob macros"):
+        replay_manifest(base_manifest(), load_landscape(tmp_path / "dash.json"))
+
+
+def test_kernel_tuners_lower_case_knob_names_are_knobs(tmp_path: Path) -> None:
+    raw = {
+        "tune_params_keys": ["block_size_x", "tile"],
+        "tune_params": {"block_size_x": [32, 64], "tile": [1, 2]},
+        "cache": {"32,1": {"time": 2.0}, "64,2": {"time": 1.0}},
+    }
     (tmp_path / "lower.json").write_text(json.dumps(raw))
-    with pytest.raises(ConfigError, match="block_size_x cannot be croqq knob macros"):
-        replay_manifest(base_manifest(), load_landscape(tmp_path / "lower.json"))
+    manifest = replay_manifest(base_manifest(), load_landscape(tmp_path / "lower.json"))
+    knobs = {"block_size_x": 64, "tile": 2}
+    cand = knob_candidate(manifest, Settings(), "replay", SMALL, knobs)
+    assert {k: v for k, v in cand.knobs.items() if k in knobs} == knobs
 
 
 def test_the_xgemm_landscape_replays_its_optimum_near_its_recorded_time(
