@@ -39,6 +39,7 @@ and pipeline state) compiles and spills: ``(255/regs)^2`` of the throughput.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -76,8 +77,10 @@ SWIZZLE_LOSS = (0.0, 0.55, 0.8, 1.0)  # most of the L2 locality comes with the f
 WARP_OCCUPANCY = {1: 0.5, 2: 0.78, 4: 1.0, 8: 1.0, 16: 0.97}
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def unit(*parts: object) -> float:
-    """A deterministic number in [0, 1) from the parts (sha256)."""
+    """A deterministic number in [0, 1) from the parts (sha256; cached: a landscape asks for the same
+    tile's jitter for every other knob's value)."""
     digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 

@@ -144,31 +144,56 @@ class Result:
 # -- problems -----------------------------------------------------------------------------------------
 
 
-def sim_landscape(manifest: Manifest, shape: Shape) -> Landscape:
-    """Every knob set of the cuda dsl on one shape: compile failures are absent, the rest carry the sim's
-    noise-free prediction and ``SIM_REPEATS`` noisy repeats around it."""
-    space = manifest.dsl("cuda").knobs
-    dtype = manifest.dtypes[shape.dtype]
-    gpu = manifest.gpu(SIM_GPU)
-    model = simmodel.build_model(
+# the knobs each factor of croqq.backends._simmodel.factors reads (a test holds this against predict)
+FACTOR_KNOBS: dict[str, tuple[str, ...]] = {
+    "tile": ("TILE_M", "TILE_N", "TILE_K", "SPLIT_K"),
+    "stages": ("STAGES",),
+    "warps": ("WARPS_M", "WARPS_N", "TILE_M", "TILE_N"),
+    "raster": ("RASTER",),
+    "swizzle": ("SWIZZLE",),
+    "epilogue": ("EPI_VEC",),
+}
+
+
+def sim_model(manifest: Manifest, shape: Shape) -> simmodel.ShapeModel:
+    dtype, gpu = manifest.dtypes[shape.dtype], manifest.gpu(SIM_GPU)
+    return simmodel.build_model(
         shape,
-        space,
+        manifest.dsl("cuda").knobs,
         a_bytes=dtype.a_bytes,
         c_bytes=dtype.c_bytes,
         gpu_type=SIM_GPU,
         peak=gpu.peak_tflops[shape.dtype],
         mem_gbps=gpu.mem_gbps,
     )
+
+
+def sim_landscape(manifest: Manifest, shape: Shape) -> Landscape:
+    """Every knob set of the cuda dsl on one shape: compile failures are absent, the rest carry the sim's
+    noise-free prediction (:func:`croqq.backends._simmodel.predict`, computed factor by factor: each
+    factor reads a few knobs, so it is tabulated once per combination of those) and ``SIM_REPEATS``
+    repeats around it with the sim backend's noise."""
+    model = sim_model(manifest, shape)
+    space = model.space
+    tables = {}
+    for name, knobs in FACTOR_KNOBS.items():
+        combos = itertools.product(*(space[k] for k in knobs))
+        tables[name] = {
+            v: simmodel.factors(model, {**model.optimum, **dict(zip(knobs, v, strict=True))})[name]
+            for v in combos
+        }
     names = tuple(space)
-    rng = random.Random(shape.key)
+    index = {name: [names.index(k) for k in knobs] for name, knobs in FACTOR_KNOBS.items()}
+    noise = random.Random(shape.key)
+    spread = [1.0 / (1.0 + noise.gauss(0.0, NOISE_SIGMA)) for _ in range(SIM_REPEATS)]
+    a_bytes = manifest.dtypes[shape.dtype].a_bytes
     records: dict[Config, Record] = {}
     for config in itertools.product(*space.values()):
-        knobs = dict(zip(names, config, strict=True))
-        if simmodel.compile_error(shape, knobs, dtype.a_bytes) is not None:
+        if simmodel.compile_error(shape, dict(zip(names, config, strict=True)), a_bytes) is not None:
             continue
-        mean = simmodel.predict(model, knobs).time_us / 1000.0
-        repeats = tuple(mean / (1.0 + rng.gauss(0.0, NOISE_SIGMA)) for _ in range(SIM_REPEATS))
-        records[config] = Record(time_ms=mean, times_ms=repeats)
+        eff = min(simmodel.EFF_CAP, math.prod(tables[f][tuple(config[i] for i in index[f])] for f in tables))
+        mean = (shape.flops / (model.ceiling_tflops * eff * 1e6) + simmodel.LAUNCH_US) / 1000.0
+        records[config] = Record(time_ms=mean, times_ms=tuple(mean * x for x in spread))
     dims = (shape.m, shape.n, shape.k)
     return Landscape(name=shape.key, keys=names, space=dict(space), records=records, problem=dims)
 
@@ -359,9 +384,7 @@ class KernelTuner:
         }
         timings = {"compile_time": 0.0, "verification_time": 0.0, "benchmark_time": 0.0}
         lines = (
-            json.dumps(",".join(map(str, c)))
-            + ": "
-            + json.dumps({**land.knobs(c), "time": r.time_ms, **timings})
+            json.dumps(",".join(map(str, c))) + ": " + json.dumps({"config": c, "time": r.time_ms, **timings})
             for c, r in land.records.items()
         )
         # Kernel Tuner's own layout: the cache last, closed by "}\n}"
@@ -424,7 +447,7 @@ class KernelTuner:
             )
         run = Run(self.problem, budget, random.Random(seed))
         for res in results:
-            config = tuple(int(res[k]) for k in keys)
+            config = tuple(res["config"])
             if len(run.seen) >= budget:
                 break
             run.proposals += 1
