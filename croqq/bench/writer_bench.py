@@ -28,6 +28,26 @@ before issue 10 were measured without fsync).
 
 Each writer figure is the best of ``ROUNDS`` runs on fresh copies (other load on a small shared machine
 only ever slows a run down); dirty pages of the copy are synced before a run starts.
+
+Repo size (issue 12, part 5), :func:`compaction`:
+
+- ``sweep_*``: a demo-like sweep written through the real writer (268 keys x 30 iterations, the sample
+  requests with their compile-failed attempts, one ``ResultsWriter.apply`` each, then ``close``; no
+  working-tree sync, so ``.git`` holds no index): ``sweep_git_bytes`` is ``.git/objects`` after it;
+  ``sweep_bytes_per_iter`` that over the iterations, ``sweep_records_bytes_per_iter`` the same without
+  candidate sources (srcs/, headers/, kernels/) and raw timing/profile text (perf/), which are
+  ``sweep_sources_bytes_per_iter`` and ``sweep_perf_bytes_per_iter`` (each object's size in its pack,
+  from ``git cat-file --batch-check``; pack headers and indexes count as records). Each figure has a
+  ``baseline_`` twin: the same sweep in the same run with the code of ``BASELINE_COMMIT`` (unpacked
+  with ``git archive``; the writer before compaction), run in a child interpreter;
+- ``compact_commit_ms_at_100`` / ``_10k`` / ``_100k``: mean ms per commit of the measured stream (as
+  above, fsync on, no working tree: a 100k repo's index alone is ~20 MB, a cost of the working-tree
+  option, not of the commit) on repos with 100, 10,094 and 100,040 iterations of history,
+  ``compact_ratio_100k_over_100`` and ``compact_ratio_10k_over_100``. These repos are synthesized (see
+  :func:`_synthesize`): the cold keys' files are exactly what the writer would have written (its own
+  ``plan_changes`` per request), committed a few keys per commit through ``GitRepo.commit``, not one
+  commit per iteration. ``baseline_compact_*``: the same with the store of ``BASELINE_COMMIT`` (this
+  module's code over the old store, in a child interpreter).
 """
 
 from __future__ import annotations
@@ -43,7 +63,9 @@ import time
 from pathlib import Path
 
 from croqq.bench.samples import sample_requests, schedule_keys
+from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo, blob_id_of
+from croqq.store.load import load_state
 from croqq.store.render import commit_message
 from croqq.store.schema import StoreRequest
 from croqq.store.writer import ResultsWriter, StateCache, plan_changes
@@ -60,6 +82,34 @@ NAIVE_COMMITS = 40
 GROUP = 2500
 SEED = 7
 ROUNDS = 3
+SWEEP_DEPTH = 30
+DEEP_COLD_DEPTH = 380  # 263 keys x 380 + 100 hot = 100,040 iterations
+SYNTH_KEYS_PER_COMMIT = 8
+BASELINE_COMMIT = "8282fdc"  # the writer before compaction (issue 12 part 5)
+SRC_ROOT = Path(__file__).resolve().parents[2]
+SWEEP_SCRIPT = """
+import sys, time
+from pathlib import Path
+from croqq.bench.samples import sample_requests, schedule_keys
+from croqq.store.gitrepo import GitRepo
+from croqq.store.writer import ResultsWriter
+path, depth, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+requests = list(sample_requests(sys.argv[4], sys.argv[5], schedule_keys(), depth, seed))
+writer = ResultsWriter(GitRepo(path, sync_worktree=False))
+started = time.perf_counter()
+for req in requests:
+    writer.apply(req)
+writer.close()
+print(time.perf_counter() - started, sum(r.kind == "iteration" for r in requests), len(requests))
+"""
+DEPTH_SCRIPT = """
+import importlib.util, json, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("croqq_writer_bench_now", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+print(json.dumps(bench._depth_figures(Path(sys.argv[2]))))
+"""
 
 
 def _streams() -> tuple[list[StoreRequest], list[StoreRequest], list[StoreRequest]]:
@@ -238,7 +288,184 @@ def run(work_dir: Path) -> dict[str, float | int]:
         "repo_files": _count_files(repos["10k"]),
         "measured_commits": len(measured),
         **_figures(runs, naive),
+        **compaction(work_dir / "compaction"),
     }
+
+
+# -- repo size and commit time at depth (issue 12 part 5) ---------------------------------------------
+
+
+def _baseline_src(work_dir: Path) -> Path:
+    """The croqq package and kernels/ of BASELINE_COMMIT, unpacked from this source tree's git repo."""
+    dst = work_dir / "baseline-src"
+    if not (dst / "croqq").is_dir():
+        dst.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(SRC_ROOT), "archive", "--format=tar", BASELINE_COMMIT, "croqq", "kernels"],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(["tar", "-x", "-C", str(dst)], input=archive.stdout, check=True)
+    return dst
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _bytes_by_kind(repo: Path) -> dict[str, int]:
+    """Bytes of the repo's objects in their packs: candidate sources, perf text, everything else."""
+    git = ["git", "-C", str(repo)]
+    listing = subprocess.run([*git, "rev-list", "--objects", "--all"], check=True, capture_output=True)
+    path_of = dict(
+        [*line.split(" ", 1), ""][:2] for line in listing.stdout.decode().splitlines() if line.strip()
+    )
+    fmt = "--batch-check=%(objectname) %(objectsize:disk)"
+    sizes = subprocess.run(
+        [*git, "cat-file", "--batch-all-objects", fmt], check=True, capture_output=True
+    ).stdout.decode()
+    out = {"sources": 0, "perf": 0}
+    for line in sizes.splitlines():
+        oid, size = line.split()
+        where = path_of.get(oid, "")
+        if "/srcs/" in where or "/headers/" in where or where.startswith(paths.KERNELS + "/"):
+            out["sources"] += int(size)
+        elif "/perf/" in where:
+            out["perf"] += int(size)
+    return out
+
+
+def _sweep(path: Path, src: Path) -> dict[str, float]:
+    """The demo-like sweep with the writer of ``src`` (a source tree), in a child interpreter."""
+    shutil.rmtree(path, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    args = [sys.executable, "-c", SWEEP_SCRIPT, str(path), str(SWEEP_DEPTH), str(SEED), GPU, DSL]
+    proc = subprocess.run(args, check=True, capture_output=True, text=True, env=env, cwd=src)  # -c: cwd first
+    seconds, iterations, requests = proc.stdout.split()
+    total = _dir_bytes(path / ".git" / "objects")
+    kinds = _bytes_by_kind(path)
+    iters = int(iterations)
+    return {
+        "git_bytes": total,
+        "bytes_per_iter": round(total / iters),
+        "records_bytes_per_iter": round((total - kinds["sources"] - kinds["perf"]) / iters),
+        "sources_bytes_per_iter": round(kinds["sources"] / iters),
+        "perf_bytes_per_iter": round(kinds["perf"] / iters),
+        "commit_ms_mean": round(1e3 * float(seconds) / int(requests), 2),
+        "iterations": iters,
+    }
+
+
+class _Tail:
+    """A TipReader for synthesizing one key's history: appended files read back empty once they exist
+    (the caller keeps what each request appends), everything else as last written."""
+
+    def __init__(self, appended: set[str]) -> None:
+        self.appended = appended
+        self.files: dict[str, bytes] = {}
+
+    def read(self, path: str) -> bytes | None:
+        data = self.files.get(path)
+        return b"" if data is not None and path in self.appended else data
+
+    def blob_id(self, path: str) -> str | None:
+        data = self.files.get(path)
+        return blob_id_of(data) if data is not None else None
+
+
+def _key_files(requests: list[StoreRequest]) -> dict[str, bytes]:
+    """Every file the writer holds for one key after ``requests`` (its own plan_changes, in order)."""
+    run, key = paths.RunPaths(GPU, DSL), requests[0].key
+    appended = {run.results_tsv(key), run.rounds_raw(key), run.rounds_md(key), run.ideas(key)}
+    appended.add(run.attempts(key))
+    tail = _Tail(appended)
+    parts: dict[str, list[bytes]] = {path: [] for path in appended}
+    for req in requests:
+        for path, data in (plan_changes(req, tail) or {}).items():
+            assert data is not None
+            if path in appended:
+                parts[path].append(data)
+            tail.files[path] = data
+    tail.files.pop(run.state_json, None)
+    return tail.files | {path: b"".join(chunks) for path, chunks in parts.items() if chunks}
+
+
+def _synthesize(path: Path, hot: list[StoreRequest], cold_keys: list[str], depth: int) -> int:
+    """A repo with the hot keys' real history (group commits) and ``depth`` iterations of every cold
+    key, each key's files as the writer makes them, SYNTH_KEYS_PER_COMMIT keys per commit; returns the
+    iterations it holds."""
+    shutil.rmtree(path, ignore_errors=True)
+    repo = GitRepo(path, sync_worktree=False)
+    writer = ResultsWriter(repo)
+    writer.apply_group(hot)
+    state = load_state(repo, GPU, DSL)
+    lines = {key: render.state_line(key, entry) for key, entry in (state.shapes if state else {}).items()}
+    for start in range(0, len(cold_keys), SYNTH_KEYS_PER_COMMIT):
+        changes: dict[str, bytes | None] = {}
+        for number, key in enumerate(cold_keys[start : start + SYNTH_KEYS_PER_COMMIT]):
+            seed = SEED + start + number
+            requests = list(sample_requests(GPU, DSL, [key], depth, seed, max_iter=max(150, depth + 1)))
+            changes |= _key_files(requests)
+            lines[key] = render.state_line(key, requests[-1].state)
+        changes[paths.RunPaths(GPU, DSL).state_json] = render.state_text(GPU, DSL, lines).encode()
+        repo.commit(changes, f"synthesized history: {len(changes)} files")
+    state = load_state(repo, GPU, DSL)
+    repo.close()
+    return sum(entry.current_iter + 1 for entry in state.shapes.values()) if state else 0
+
+
+def _depth_figures(work_dir: Path) -> dict[str, float]:
+    """Commit time at 100, 10k and 100k iterations of history (synthesized repos)."""
+    keys = schedule_keys()
+    hot = list(sample_requests(GPU, DSL, keys[:HOT_KEYS], MEASURED_DEPTH, SEED))
+    prefill = [r for r in hot if r.checkpoint.current_iter < HOT_DEPTH]
+    measured = [r for r in hot if r.checkpoint.current_iter >= HOT_DEPTH]
+    copy = work_dir / "copy"
+    out: dict[str, float] = {}
+    for name, depth in (("100", 0), ("10k", COLD_DEPTH), ("100k", DEEP_COLD_DEPTH)):
+        repo = work_dir / f"synth{name}"
+        started = time.perf_counter()
+        iterations = _synthesize(repo, prefill, keys[HOT_KEYS:] if depth else [], depth)
+        log.info("synthesized %s history in %.1f s", name, time.perf_counter() - started)
+        out[f"compact_history_iterations_at_{name}"] = iterations
+        out[f"compact_git_bytes_at_{name}"] = _dir_bytes(repo / ".git" / "objects")
+        out[f"compact_commit_ms_at_{name}"] = round(
+            _best_writer(repo, copy, measured, False)["commit_ms_mean"], 2
+        )
+        shutil.rmtree(repo, ignore_errors=True)
+    out["compact_ratio_10k_over_100"] = round(
+        out["compact_commit_ms_at_10k"] / out["compact_commit_ms_at_100"], 2
+    )
+    out["compact_ratio_100k_over_100"] = round(
+        out["compact_commit_ms_at_100k"] / out["compact_commit_ms_at_100"], 2
+    )
+    return out
+
+
+def compaction(work_dir: Path, baseline_src: Path | None = None) -> dict[str, float]:
+    """Repo size after a demo-like sweep, with and without compaction, and commit time at depth."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, float] = {}
+    for prefix, src in (("sweep_", SRC_ROOT), ("baseline_sweep_", baseline_src or _baseline_src(work_dir))):
+        log.info("%s: 268 keys x %d iterations through the writer of %s", prefix, SWEEP_DEPTH, src)
+        result = _sweep(work_dir / f"{prefix}repo", src)
+        figures |= {prefix + name: value for name, value in result.items()}
+        shutil.rmtree(work_dir / f"{prefix}repo", ignore_errors=True)
+    figures["sweep_size_ratio"] = round(figures["sweep_git_bytes"] / figures["baseline_sweep_git_bytes"], 3)
+    figures |= _depth_figures(work_dir / "depth")
+    log.info("commit time at depth with the writer of %s", baseline_src or _baseline_src(work_dir))
+    baseline = _baseline_depth(work_dir / "baseline-depth", baseline_src or _baseline_src(work_dir))
+    return figures | {"baseline_" + name: value for name, value in baseline.items()}
+
+
+def _baseline_depth(path: Path, src: Path) -> dict[str, float]:
+    """:func:`_depth_figures` (this module's code) over the store of ``src``, in a child interpreter."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    args = [sys.executable, "-c", DEPTH_SCRIPT, str(Path(__file__).resolve()), str(path)]
+    proc = subprocess.run(args, check=True, capture_output=True, text=True, env=env, cwd=src)
+    figures: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    shutil.rmtree(path, ignore_errors=True)
+    return figures
 
 
 if __name__ == "__main__":
