@@ -85,7 +85,10 @@ class Settings(BaseSettings):
         "name). Like a real GPU's UUID it stays when the worker comes back under another host name.",
     )
     time_scale: float = Field(0.0, ge=0, description="Multiplier on simulated step durations (0: instant).")
-    sim_ideate_s: float = 60.0
+    sim_ideate_s: float = Field(60.0, description="The simulated agent's think time (its median).")
+    sim_ideate_sigma: float = Field(
+        0.0, ge=0, description="Lognormal spread of the simulated think time (0: always sim_ideate_s)."
+    )
     sim_implement_s: float = 20.0
     sim_measure_s: float = 10.0
     sim_profile_s: float = 15.0
@@ -116,7 +119,20 @@ class Settings(BaseSettings):
     dsl: str = "cuda"
 
     # -- scheduling -------------------------------------------------------------------------------
-    pipeline_depth: int = Field(4, ge=1, le=64, description="Active shapes per GPU.")
+    pipeline_depth: int = Field(
+        4, ge=1, le=256, description="Active shapes per GPU: the fixed depth, or the adaptive one's start."
+    )
+    pipeline_depth_mode: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="adaptive: each GPU's depth follows the step times it observes (croqq.placement.depth); "
+        "fixed: pipeline_depth shapes on every GPU.",
+    )
+    pipeline_depth_max: int = Field(
+        64, ge=1, le=256, description="Adaptive: the most shapes a GPU may hold (the memory limit)."
+    )
+    pipeline_headroom: float = Field(
+        1.3, ge=1.0, le=4.0, description="Adaptive: depth = headroom x (1 + off-GPU time / GPU time)."
+    )
     profile_every: int = Field(
         10, ge=1, description="PROFILE every N iterations (plus iter 1, KEEPs, stalls)."
     )

@@ -5,28 +5,42 @@
   the wall time from the previous STORE of the shape (for its first, from when it got a GPU slot) to this
   one minus the steps' own execution time (queueing behind the GPU's other shapes, messaging, ledger
   transactions, git).
-- ``duty_cycle``: 4 simulated GPUs, step durations ideate 60 s, implement 20 s, measure 10 s (profile
-  15 s), time-scaled by 1/100; the fraction of wall time the GPUs spend measuring or profiling over a
-  steady window, with the shapes pipelined (``pipeline_depth`` shapes per GPU); ``sequential_duty_cycle``
-  is the same cluster with one shape per GPU (the one-agent, one-GPU loop), in the same run.
+- ``duty_cycle``: 2 simulated GPUs whose agents take minutes and vary a lot, as in real LLM-driven tuning:
+  the think time is lognormal with median 264 s and p90 15 min, build 20 s, measure 10 s (profile 15 s),
+  all time-scaled by 1/25; the fraction of wall time each GPU spends measuring or profiling (its busy
+  seconds as the GPU worker measured them, over the bench's wall seconds) over a steady window. The same
+  cluster runs twice in one invocation: today's fixed depth (``pipeline_depth`` 4 shapes per GPU) and the
+  adaptive depth (:mod:`croqq.placement.depth`); the depths the adaptive run chose are reported too, and
+  per GPU the share of the window's 1 s samples in which it had nothing running or queued (``starved``:
+  what depth fixes; the rest of its idle time is its worker's own per-step work, which grows when the
+  machine's CPUs are busy with other things).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
-from croqq.delivery import keys
+from croqq.delivery import clock, keys
+from croqq.placement import depth
 from croqq.processes.local import LocalCluster
 from croqq.work import stats
 
 log = logging.getLogger(__name__)
 
-DUTY_WARMUP_S = 8.0
-DUTY_WINDOW_S = 30.0
-PIPELINED_DEPTH = 12
+DUTY_GPUS = 2
+# 1/25: a GPU worker spends ~20-30 ms per step on its own bookkeeping on a busy 2-core machine, which no
+# depth can hide; at 1/25 that is ~5% of a (0.4 s) measurement
+DUTY_TIME_SCALE = 0.04
+DUTY_WARMUP_S = {"fixed": 30.0, "adaptive": 100.0}  # the adaptive depth learns over ~6 agent cycles
+DUTY_WINDOW_S = 60.0
+FIXED_DEPTH = 4  # today's default pipeline_depth
+AGENT_MEDIAN_S, AGENT_P90_S = 264.0, 900.0
+AGENT_SIGMA = math.log(AGENT_P90_S / AGENT_MEDIAN_S) / 1.2816  # z of the 90th percentile
 
 
 def _percentile(values: list[float], pct: float) -> float:
@@ -63,41 +77,93 @@ def sweep(work: Path, gpus: int = 8, max_iter: int = 30) -> dict[str, float]:
     }
 
 
-def _duty(work: Path, depth: int, gpus: int) -> float:
+def _busy_now(client: Any, uuids: list[str]) -> tuple[float, list[float]]:
+    """Redis's time and each GPU's busy seconds up to it, its step in progress included (a confirmation
+    measures for seconds: counted only once it ends, it would blur the window's edges)."""
+    now = clock.now(client)
+    pipe = client.pipeline()
+    for uuid in uuids:
+        pipe.hget(keys.gpu_busy(uuid), "busy_s")
+        pipe.hmget(keys.gpu(uuid), "current", "since")
+    replies = pipe.execute()
+    busy = []
+    for total, (current, since) in zip(replies[::2], replies[1::2], strict=True):
+        running = max(0.0, now - float(since)) if current and since else 0.0
+        busy.append(float(total or 0.0) + running)
+    return now, busy
+
+
+def _starved(client: Any, uuids: list[str]) -> list[bool]:
+    """Per GPU: nothing running and nothing waiting in its queue (what a deeper pipeline would fix; the
+    rest of a GPU's idle time is its worker's own per-step work)."""
+    pipe = client.pipeline(transaction=False)
+    for uuid in uuids:
+        pipe.hget(keys.gpu(uuid), "current")
+        pipe.llen(client.hget(keys.gpu(uuid), "queue") or "")
+    replies = pipe.execute()
+    return [not current and not queued for current, queued in zip(replies[::2], replies[1::2], strict=True)]
+
+
+def _duty(work: Path, mode: str, gpus: int) -> dict[str, object]:
+    """One duty-cycle run: per-GPU duty over the window, and the depths the coordinator chose in it."""
     env = {
         "CROQQ_RUN_DIR": str(work / "run"),
         "CROQQ_RESULTS_REPO": str(work / "results"),
         "CROQQ_SIM_GPUS": str(gpus),
-        "CROQQ_TIME_SCALE": "0.01",
-        "CROQQ_SIM_IDEATE_S": "60",
+        "CROQQ_TIME_SCALE": repr(DUTY_TIME_SCALE),
+        "CROQQ_SIM_IDEATE_S": repr(AGENT_MEDIAN_S),
+        "CROQQ_SIM_IDEATE_SIGMA": repr(AGENT_SIGMA),
         "CROQQ_SIM_IMPLEMENT_S": "20",
         "CROQQ_SIM_MEASURE_S": "10",
         "CROQQ_SIM_PROFILE_S": "15",
-        "CROQQ_PIPELINE_DEPTH": str(depth),
-        "CROQQ_IDEATE_CONCURRENCY": str(max(4, 3 * depth * gpus // 2)),
-        "CROQQ_BUILD_CONCURRENCY": str(max(2, depth * gpus // 2)),
+        "CROQQ_PIPELINE_DEPTH_MODE": mode,
+        "CROQQ_PIPELINE_DEPTH": str(FIXED_DEPTH),
+        "CROQQ_IDEATE_CONCURRENCY": str(gpus * 80),  # an agent per shape: only the depth limits
+        "CROQQ_BUILD_CONCURRENCY": str(4 * gpus),
         "CROQQ_BUILD_POOL": "threads",
     }
     with LocalCluster(env, log_level="WARNING") as cluster:
         cluster.wait_gpus()
         cluster.submit("all", max_iter=30)
-        time.sleep(DUTY_WARMUP_S)
-        uuids = sorted(cluster.client.smembers(keys.GPUS))
-        before = sum(stats.busy(cluster.client, u).get("busy_s", 0.0) for u in uuids)
-        t0 = time.monotonic()
-        time.sleep(DUTY_WINDOW_S)
-        after = sum(stats.busy(cluster.client, u).get("busy_s", 0.0) for u in uuids)
-        window = time.monotonic() - t0
-    duty = (after - before) / (window * len(uuids))
-    log.info("duty cycle at depth %d: %.3f", depth, duty)
-    return round(duty, 4)
-
-
-def duty_cycle(work: Path, gpus: int = 4) -> dict[str, float]:
+        client = cluster.client
+        uuids = sorted(client.smembers(keys.GPUS))
+        time.sleep(DUTY_WARMUP_S[mode])
+        t0, before = _busy_now(client, uuids)
+        seen: list[list[int]] = []
+        idle = [0] * len(uuids)
+        while clock.now(client) - t0 < DUTY_WINDOW_S:
+            seen.append([depth.current(client, u) for u in uuids])
+            for i, starved in enumerate(_starved(client, uuids)):
+                idle[i] += starved
+            time.sleep(1.0)
+        t1, after = _busy_now(client, uuids)
+    duty = [round((a - b) / (t1 - t0), 4) for a, b in zip(after, before, strict=True)]
+    log.info("duty cycle, %s depth: %s (depths %s)", mode, duty, seen[-1])
     return {
-        "duty_cycle": _duty(work / "pipelined", PIPELINED_DEPTH, gpus),
-        "sequential_duty_cycle": _duty(work / "sequential", 1, gpus),
-        "duty_pipeline_depth": PIPELINED_DEPTH,
+        "mean": round(sum(duty) / len(duty), 4),
+        "per_gpu": duty,
+        "depths": seen[-1],
+        "depth_range": [min(min(d) for d in seen), max(max(d) for d in seen)],
+        "starved": [round(n / len(seen), 3) for n in idle],
+    }
+
+
+def duty_cycle(work: Path, gpus: int = DUTY_GPUS) -> dict[str, object]:
+    """Fixed depth (today's default) and adaptive depth, the same cluster in the same run."""
+    fixed = _duty(work / "fixed", "fixed", gpus)
+    adaptive = _duty(work / "adaptive", "adaptive", gpus)
+    return {
+        "duty_cycle": adaptive["mean"],
+        "duty_cycle_fixed_depth": fixed["mean"],
+        "duty_adaptive_per_gpu": adaptive["per_gpu"],
+        "duty_fixed_per_gpu": fixed["per_gpu"],
+        "duty_adaptive_depths": adaptive["depths"],
+        "duty_adaptive_depth_range": adaptive["depth_range"],
+        "duty_adaptive_starved": adaptive["starved"],
+        "duty_fixed_starved": fixed["starved"],
+        "duty_fixed_depth": FIXED_DEPTH,
+        "duty_agent_think_s": f"lognormal, median {AGENT_MEDIAN_S:g} s, p90 {AGENT_P90_S:g} s",
+        "duty_time_scale": DUTY_TIME_SCALE,
     }
 
 

@@ -48,7 +48,8 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
         gpus.add_column(col)
     for g in snap.gpus:
         status = f"{g.status}: {g.reason}" if g.reason else g.status
-        gpus.add_row(g.uuid, status, str(g.active), _duration(g.busy_s), g.current or "idle")
+        shapes_of = f"{g.active}/{g.depth}" if g.depth else str(g.active)  # active / pipeline depth
+        gpus.add_row(g.uuid, status, shapes_of, _duration(g.busy_s), g.current or "idle")
     return Group(shapes, line, gpus, *_agents(snap), *_problems(snap))
 
 

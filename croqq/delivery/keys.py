@@ -23,6 +23,8 @@ croqq:artifact:<sha256>        string  a build artifact's bytes (a binary, the s
                                        (SET NX); EX = artifact_ttl_s, refreshed on every put and get
 croqq:overhead                 list    per-iteration control-plane overhead in ms (newest first, capped)
 croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
+croqq:depth:<uuid>             hash    a GPU's pipeline depth: decayed off-GPU and GPU step seconds of its
+                                       shapes, observations, the depth last chosen (croqq.placement.depth)
 croqq:submission:<id>          string  JSON list of the sids of one submit
 croqq:submissions              list    submission ids, newest last
 croqq:submitted:<id>           string  JSON SubmitMessage of a submission the writer has not recorded yet
@@ -106,6 +108,10 @@ def artifact(sha256: str) -> str:
 
 def gpu_busy(uuid: str) -> str:
     return f"{PREFIX}:gpu_busy:{uuid}"
+
+
+def depth(uuid: str) -> str:
+    return f"{PREFIX}:depth:{uuid}"
 
 
 def submission(sub_id: str) -> str:

@@ -1,9 +1,10 @@
 """Which GPU holds which shape: the one place that puts shapes on GPUs and takes them off.
 
-Each healthy GPU holds up to ``pipeline_depth`` active shapes (so it measures one while the others ideate
-and compile). A shape keeps its GPU for life unless that GPU is quarantined or goes offline; it then waits
-in the pending set (ahead of new shapes) and re-measures its best on its next GPU. A shape that is done
-leaves its GPU, which is then filled again.
+Each healthy GPU holds up to its pipeline depth of active shapes (so it measures one while the others
+ideate and compile); :mod:`croqq.placement.depth` chooses that depth from the step times it observes. A
+shape keeps its GPU for life unless that GPU is quarantined or goes offline; it then waits in the pending
+set (ahead of new shapes) and re-measures its best on its next GPU. A shape that is done leaves its GPU,
+which is then filled again.
 
 Every decision is a Redis transaction, so any number of coordinators (and the workers that advance shapes
 inline) can place at once.
@@ -21,7 +22,7 @@ from croqq.delivery.queues import GPU_KINDS
 from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase, Start, transition
-from croqq.placement import registry
+from croqq.placement import depth, registry
 from croqq.settings import Settings
 
 if TYPE_CHECKING:
@@ -65,25 +66,26 @@ class Placement:
         return placed
 
     def fill(self, uuid: str) -> int:
-        """Give a healthy GPU pending shapes until it holds ``pipeline_depth`` of them."""
+        """Give a healthy GPU pending shapes until it holds its pipeline depth of them."""
         gpu = registry.get_gpu(self.client, uuid)
         if gpu is None or gpu.status != registry.HEALTHY:
             return 0
+        limit = depth.choose(self.client, self.settings, gpu)
         placed = 0
         while True:
-            outcome = self._place_one(gpu.uuid, gpu.gpu_type, gpu.queue)
+            outcome = self._place_one(gpu.uuid, gpu.gpu_type, gpu.queue, limit)
             if outcome is None:
                 return placed
             if outcome is not _SKIP:
                 self.ledger.publish([outcome])
             placed += 1
 
-    def _place_one(self, uuid: str, gpu_type: str, queue: str) -> Any:
+    def _place_one(self, uuid: str, gpu_type: str, queue: str, limit: int) -> Any:
         """Move the best pending shape onto the GPU: a StepRecord to publish, _SKIP, or None (full/empty)."""
         pending_key, active_key = keys.pending(gpu_type), keys.active(uuid)
 
         def body(pipe: Any) -> Any:
-            if pipe.scard(active_key) >= self.settings.pipeline_depth:
+            if pipe.scard(active_key) >= limit:
                 pipe.multi()
                 return None
             head = pipe.zrange(pending_key, 0, 0)

@@ -1,7 +1,8 @@
 """What a finished step's result does to its shape, inside the ledger's transaction.
 
 The FSM moves (DECIDE is applied at once: it needs no worker), the proposal's content hash joins the
-shape's tried set, a STORE updates the statistics and the shape's history, and a shape that is done
+shape's tried set, a STORE updates the statistics and the shape's history, the step's seconds join its
+GPU's step times (what the pipeline depth follows: :mod:`croqq.placement.depth`), and a shape that is done
 leaves its GPU slot; after the commit its GPU is filled again.
 """
 
@@ -14,6 +15,7 @@ from croqq.delivery import keys
 from croqq.delivery.ledger import StepRecord, Write
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Measured, Phase, Proposed, Rejected, Stored, decide_event, transition
+from croqq.placement import depth
 from croqq.placement.assign import leave_if_finished
 
 StoredHook = Callable[
@@ -43,6 +45,8 @@ class Advance:
             tried = event.rejection.content_hash or ""
 
         def write(pipe: Any) -> None:
+            if state.gpu_uuid and before.loop.phase != Phase.BASELINE:  # once a life: not its cycle
+                depth.observe(pipe, state.gpu_uuid, record, now)
             if tried:
                 pipe.sadd(keys.ideas(state.sid), tried)
             if isinstance(event, Stored):

@@ -6,6 +6,8 @@ compile failure is ``Built(ok=False)``, a crash is a FAIL measurement); only inf
 from __future__ import annotations
 
 import logging
+import math
+import random
 import time
 from collections.abc import Callable
 
@@ -32,6 +34,7 @@ from croqq.domain.source import SourceError
 from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.processes.runtime import Runtime
 from croqq.proposers._base import ProposeContext
+from croqq.settings import Settings
 from croqq.store.schema import StoreRequest
 from croqq.work import agents
 from croqq.work import gpu as guard
@@ -134,11 +137,21 @@ def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejec
     if proposer.is_agent:
         agents.record_call(rt.client, proposer.name, answer, rt.settings)
     if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
-        time.sleep(rt.settings.sim_ideate_s * rt.settings.time_scale)  # the simulated agent's think time
+        time.sleep(think_s(rt.settings, msg.step_id) * rt.settings.time_scale)
     if isinstance(answer, Idea):
         return Proposed(idea=answer)
     log.info("%s iter%03d: %s rejected: %s", state.key, ctx.iteration, answer.proposer, answer.reason)
     return Rejected(rejection=answer)
+
+
+def think_s(settings: Settings, step_id: str) -> float:
+    """The simulated agent's think time for one IDEATE step (before time scaling): ``sim_ideate_s``, or
+    with ``sim_ideate_sigma`` a lognormal draw of that median seeded by the step id (a redelivered step
+    thinks as long again), cut at ``agent_timeout_s`` as a real agent would be."""
+    seconds = settings.sim_ideate_s
+    if settings.sim_ideate_sigma > 0:
+        seconds *= math.exp(settings.sim_ideate_sigma * random.Random(step_id).gauss(0.0, 1.0))
+    return min(seconds, settings.agent_timeout_s)
 
 
 def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built | BestBuilt:

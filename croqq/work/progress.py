@@ -13,7 +13,7 @@ import redis
 
 from croqq.delivery import clock, keys
 from croqq.delivery.state import ShapeSummary
-from croqq.placement import registry
+from croqq.placement import depth, registry
 from croqq.work import agents, hosts, stats
 from croqq.work.agents import AgentHealth, Budget
 from croqq.work.hosts import HostProblem
@@ -37,6 +37,7 @@ class GpuProgress:
     active: int
     busy_s: float
     reason: str = ""  # why it is quarantined or offline
+    depth: int = 0  # its pipeline depth, as last chosen (0: not yet)
 
 
 @dataclass
@@ -97,6 +98,7 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
                 active=int(client.scard(keys.active(g.uuid))),
                 busy_s=stats.busy(client, g.uuid).get("busy_s", 0.0),
                 reason=g.reason if g.status != registry.HEALTHY else "",
+                depth=depth.current(client, g.uuid),
             )
         )
     return Snapshot(

@@ -1,0 +1,50 @@
+"""The real cluster deepens a GPU's pipeline when its shapes' agents are slow (adaptive depth)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from croqq.delivery import keys
+from croqq.placement import depth
+from croqq.processes.local import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+
+def test_slow_agents_raise_each_gpus_depth_up_to_its_fair_share(cluster_env: dict[str, str]) -> None:
+    env = cluster_env | {
+        "CROQQ_TIME_SCALE": "0.01",
+        "CROQQ_SIM_IDEATE_S": "200",  # the agent thinks 20x as long as a measurement takes
+        "CROQQ_SIM_IMPLEMENT_S": "20",
+        "CROQQ_SIM_MEASURE_S": "10",
+        "CROQQ_SIM_PROFILE_S": "15",
+        "CROQQ_PIPELINE_DEPTH": "2",  # where each GPU starts
+        "CROQQ_PIPELINE_DEPTH_MAX": "12",
+        "CROQQ_IDEATE_CONCURRENCY": "24",
+        "CROQQ_BUILD_POOL": "threads",
+        "CROQQ_BUILD_CONCURRENCY": "4",
+    }
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        client = cluster.client
+        uuids = sorted(client.smembers(keys.GPUS))
+        cluster.submit("f16", max_iter=60, limit=16)
+        assert [client.scard(keys.active(u)) for u in uuids] == [2, 2]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            active = [client.scard(keys.active(u)) for u in uuids]
+            if active == [8, 8]:
+                break
+            cluster.poll()
+            time.sleep(0.5)
+        # 16 shapes on 2 GPUs: each takes its fair share (8), below the memory limit (12)
+        assert active == [8, 8]
+        assert [depth.current(client, u) for u in uuids] == [8, 8]
+        assert [g.depth for g in cluster.snapshot().gpus] == [8, 8]  # what `croqq status` shows
+        assert client.zcard(keys.pending("sm90_Simulated_H100_SXM")) == 0
+    logs = Path(env["CROQQ_RUN_DIR"]) / "logs"
+    text = "".join(p.read_text() for p in logs.glob("*.log"))
+    assert "pipeline depth 2 -> " in text
