@@ -95,8 +95,10 @@ class Settings(BaseSettings):
     sim_compile: Literal["model", "nvcc"] = Field(
         "model", description="nvcc: the sim backend really compiles each candidate for sm_90a."
     )
-    proposer: Literal["search", "agent"] = Field(
-        "search", description="search: the built-in knob search; agent: a coding agent (CROQQ_AGENT)."
+    proposer: Literal["model", "search", "agent"] = Field(
+        "model",
+        description="model: model-guided knob search (croqq.proposers.model); search: an engineer's local "
+        "search (croqq.proposers.search); agent: a coding agent (CROQQ_AGENT).",
     )
     agent: Literal["claude", "codex", "opencode", "cursor", "gemini", "aider", "scripted", "command"] = Field(
         "scripted", description="The agent preset for proposer=agent."
