@@ -133,7 +133,7 @@ class Settings(BaseSettings):
         64, ge=1, le=256, description="Adaptive: the most shapes a GPU may hold (the memory limit)."
     )
     pipeline_headroom: float = Field(
-        1.3, ge=1.0, le=4.0, description="Adaptive: depth = headroom x (1 + off-GPU time / GPU time)."
+        1.5, ge=1.0, le=4.0, description="Adaptive: depth = headroom x (1 + off-GPU time / GPU time)."
     )
     profile_every: int = Field(
         10, ge=1, description="PROFILE every N iterations (plus iter 1, KEEPs, stalls)."

@@ -36,7 +36,7 @@ DUTY_GPUS = 2
 # 1/25: a GPU worker spends ~20-30 ms per step on its own bookkeeping on a busy 2-core machine, which no
 # depth can hide; at 1/25 that is ~5% of a (0.4 s) measurement
 DUTY_TIME_SCALE = 0.04
-DUTY_WARMUP_S = {"fixed": 30.0, "adaptive": 100.0}  # the adaptive depth learns over ~6 agent cycles
+DUTY_WARMUP_S = {"fixed": 30.0, "adaptive": 150.0}  # the adaptive depth learns over ~8 agent cycles
 DUTY_WINDOW_S = 60.0
 FIXED_DEPTH = 4  # today's default pipeline_depth
 AGENT_MEDIAN_S, AGENT_P90_S = 264.0, 900.0

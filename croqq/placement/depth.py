@@ -14,10 +14,11 @@ MIN_WINDOW): a shallow pipeline forgets as fast in time as a deep one, so a GPU 
 its agents' times in a few of their cycles. Means, not a high quantile: in a closed loop of D shapes
 around one server the GPU's throughput depends on the mean think time, and the tail only adds spread,
 which the headroom covers (with agent times lognormal, median 264 s and p90 15 min, measure 10 s, a
-queueing model of the loop is 0.93 busy at headroom 1, 0.995 at 1.2; the default 1.3 also covers an
-estimate that lags a growing pipeline, whose longest agent calls finish last). A GPU step's wait in its
-GPU queue counts in neither: a deeper pipeline makes it longer, and counting it would feed the depth back
-into itself.
+queueing model of the loop is 0.93 busy at headroom 1, 0.995 at 1.2; the default 1.5 also covers an
+estimate that lags a growing pipeline, whose longest agent calls finish last, and GPU steps that vary more
+than the model's: a shape too many costs memory, within the bounds below, a shape too few GPU time). A
+GPU step's wait in its GPU queue counts in neither: a deeper pipeline makes it longer, and counting it
+would feed the depth back into itself.
 
 Bounds: at most ``pipeline_depth_max`` (what a GPU host can hold in memory), at most the GPU's fair share
 of the shapes of its type (active on the type's healthy GPUs plus pending, divided by those GPUs, rounded
