@@ -1,6 +1,7 @@
-"""`python -m croqq.bench [--only writer,sweep,duty,recovery,redis,reconcile,source,agent,hosts,tuning]
-[--out bench/results.json]`: all benchmarks. The tuning benchmark takes `[--landscape FILE ...]
-[--budgets 30,150] [--seeds N] [--json]` (`--json`: print only its report)."""
+"""`python -m croqq.bench [--only PART,...] [--out bench/results.json]`: all benchmarks, or the parts
+named (writer, sweep, duty, recovery, redis, reconcile, source, agent, hosts, tuning, capacity, cpu).
+The tuning benchmark takes `[--landscape FILE ...] [--budgets 30,150] [--seeds N] [--json]`
+(`--json`: print only its report)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from croqq.backends.landscape import load_landscape
 from croqq.bench import (
     agent_bench,
+    capacity_bench,
     cluster_bench,
     hosts_bench,
     reconcile_bench,
@@ -27,7 +29,20 @@ from croqq.errors import ConfigError
 from croqq.logs import configure
 
 log = logging.getLogger("croqq.bench")
-PARTS = ("writer", "sweep", "duty", "recovery", "redis", "reconcile", "source", "agent", "hosts", "tuning")
+PARTS = (
+    "writer",
+    "sweep",
+    "duty",
+    "recovery",
+    "redis",
+    "reconcile",
+    "source",
+    "agent",
+    "hosts",
+    "tuning",
+    "capacity",
+    "cpu",
+)
 
 
 def main() -> None:
@@ -86,7 +101,7 @@ def main() -> None:
             log.info("reconciliation benchmark (268 active shapes against git after Redis forgot) ...")
             results |= reconcile_bench.run(work / "reconcile")
         if "duty" in parts:
-            log.info("GPU duty-cycle benchmark (4 simulated GPUs, pipelined vs sequential) ...")
+            log.info("GPU duty cycle (2 simulated GPUs, long-tailed agents, fixed depth 4 vs adaptive) ...")
             results |= cluster_bench.duty_cycle(work / "duty")
         if "source" in parts:
             log.info("source-level run (scripted agent, 8 shapes x 6 iterations, real nvcc compiles) ...")
@@ -105,6 +120,12 @@ def main() -> None:
                 args.seeds,
             )
             results["tuning"] = tuning_bench.run(landscapes, budgets, args.seeds)
+        if "capacity" in parts:
+            log.info("fleet capacity (Redis commands/bytes/CPU per iteration, writer at 100k history) ...")
+            results |= capacity_bench.capacity(work / "capacity")
+        if "cpu" in parts:
+            log.info("control-plane CPU per stored iteration against a bare Celery floor ...")
+            results |= capacity_bench.cpu_cost(work / "cpu")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
