@@ -22,6 +22,9 @@ from croqq.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 5.0
 RECORD_EVERY_S = 1.0  # a submission is durable (in the results repo) within about this long
+# Periodic writer tasks wait behind the STOREs on the store queue: a maximum age shorter than a busy
+# writer's backlog would skip every one of them (submissions never recorded). A pile of them is cheap.
+STORE_PERIODIC_MAX_AGE_S = 60.0
 CONNECT_TIMEOUT_S = 2.0
 RECONNECT_MAX_S = 1.0  # a worker cut off from the broker tries again at least this often
 
@@ -79,12 +82,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
         "flush": {
             "task": queues.TASK_FLUSH,
             "schedule": timedelta(seconds=FLUSH_EVERY_S),
-            "options": {"queue": queues.STORE, **max_age(2 * FLUSH_EVERY_S)},
+            "options": {"queue": queues.STORE, **max_age(STORE_PERIODIC_MAX_AGE_S)},
         },
         "record": {
             "task": queues.TASK_RECORD,
             "schedule": timedelta(seconds=RECORD_EVERY_S),
-            "options": {"queue": queues.STORE, **max_age(2 * RECORD_EVERY_S)},
+            "options": {"queue": queues.STORE, **max_age(STORE_PERIODIC_MAX_AGE_S)},
         },
         "summary": {
             "task": queues.TASK_SUMMARY,
