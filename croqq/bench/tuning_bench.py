@@ -10,9 +10,11 @@ stops when it has measured ``budget`` configurations or made ``PROPOSAL_CAP x bu
 result is the recorded mean time of the configuration it would ship (the best it measured; croqq's own
 proposer ships its confirmed best, as a cluster does) over the landscape's optimum.
 
-Strategies: ``croqq`` (the search proposer, driven through the same KEEP/DISCARD rule as a cluster:
-:func:`croqq.domain.decide.decide` with the interleaved confirmation), ``random`` (uniform over the knob
-grid), Optuna's TPE and NSGA-II samplers (ask/tell, invalid trials told as failed), and Kernel Tuner's
+Strategies: ``croqq`` (the model proposer, croqq's default) and ``croqq-search`` (the search proposer),
+each driven through the same KEEP/DISCARD rule as a cluster (:func:`croqq.domain.decide.decide` with the
+interleaved confirmation), ``random`` (uniform over the knob grid), Optuna's TPE and NSGA-II samplers
+(ask/tell; an invalid trial is told as twice the worst time so far: told as failed, TPE keeps sampling the
+invalid region, thousands of proposals per run), and Kernel Tuner's
 genetic algorithm, simulated annealing and greedy ILS in its simulation mode on a cache file written from
 the same landscape. Kernel Tuner is given the landscape's valid set as its restriction (as its users pass
 their kernel's restrictions), so it proposes no invalid configuration, and it sees recorded means, not
