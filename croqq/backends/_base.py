@@ -34,6 +34,7 @@ from croqq.settings import Settings
 
 CONFIRM_ROUNDS = 3
 T = TypeVar("T")
+A = TypeVar("A", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,20 @@ class Backend(ABC):
     def fetch_file(self, shape: Shape, artifact: str) -> Path:
         """GPU side: the verified local file of an artifact (fetched when this host has none)."""
         return self._fetched(shape, artifact, self.artifacts.path)
+
+    def decoded(self, shape: Shape, artifact: str, model: type[A]) -> A:
+        """GPU side: a JSON payload's model (``key`` and ``hash`` fields), fetched and checked to be for
+        this shape (the sim's and the replay backend's artifacts)."""
+        payload = self.fetch(shape, artifact)
+        try:
+            art = model.model_validate_json(payload)
+        except ValidationError as exc:
+            raise InvalidRecordError(f"not a {self.name} artifact: {payload[:80]!r}") from exc
+        if art.key != shape.key:  # type: ignore[attr-defined]
+            raise InvalidRecordError(
+                f"artifact {art.hash[:12]} was built for {art.key}, not {shape.key}"  # type: ignore[attr-defined]
+            )
+        return art
 
     def _fetched(self, shape: Shape, artifact: str, get: Callable[[ArtifactRef], T]) -> T:
         ref = self.kernel_ref(shape, artifact)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from croqq.backends._base import Backend, GpuContext
 from croqq.backends.landscape import Landscape, Record, load_landscape
@@ -45,7 +45,7 @@ from croqq.domain.knobs import Candidate, knobs_summary, render_source
 from croqq.domain.manifest import BuildSpec, DslSpec, KernelSpec, Manifest
 from croqq.domain.records import BuildOutcome, Measurement, Profile
 from croqq.domain.shapes import Shape
-from croqq.errors import ArtifactMissingError, ConfigError, InvalidRecordError
+from croqq.errors import ArtifactMissingError, ConfigError
 from croqq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -169,14 +169,7 @@ class ReplayBackend(Backend):
 
     def decode(self, shape: Shape, artifact: str) -> ReplayArtifact:
         """The built artifact, fetched by its reference from the artifact store (never rebuilt)."""
-        payload = self.fetch(shape, artifact)
-        try:
-            art = ReplayArtifact.model_validate_json(payload)
-        except ValidationError as exc:
-            raise InvalidRecordError(f"not a replay artifact: {payload[:80]!r}") from exc
-        if art.key != shape.key:
-            raise InvalidRecordError(f"artifact {art.hash[:12]} was built for {art.key}, not {shape.key}")
-        return art
+        return self.decoded(shape, artifact, ReplayArtifact)
 
     def measure(self, gpu: GpuContext, shape: Shape, artifacts: Sequence[str]) -> list[Measurement]:
         arts = [(a, self.decode(shape, a)) for a in artifacts]

@@ -61,7 +61,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from croqq.backends import _simmodel as model
 from croqq.backends._base import Backend, GpuContext
@@ -257,14 +257,7 @@ class SimBackend(Backend):
 
     def decode(self, shape: Shape, artifact: str) -> SimArtifact:
         """The built artifact, fetched by its reference from the artifact store (never rebuilt)."""
-        payload = self.fetch(shape, artifact)
-        try:
-            art = SimArtifact.model_validate_json(payload)
-        except ValidationError as exc:
-            raise InvalidRecordError(f"not a sim artifact: {payload[:80]!r}") from exc
-        if art.key != shape.key:
-            raise InvalidRecordError(f"artifact {art.hash[:12]} was built for {art.key}, not {shape.key}")
-        return art
+        return self.decoded(shape, artifact, SimArtifact)
 
     # -- build --------------------------------------------------------------------------------------
 
