@@ -175,8 +175,18 @@ class Settings(BaseSettings):
         3, ge=1, description="Unexpected errors before a shape is parked as 'error'."
     )
     task_events: bool = Field(False, description="Workers send task events (for Flower).")
+    # -- monitoring logins: Flower and the exporter refuse a non-loopback address without one --------
     flower_basic_auth: SecretStr | None = Field(
         None, description="Flower's HTTP basic auth, `user:password[,user2:password2]` (unset: none)."
+    )
+    flower_basic_auth_file: Path | None = Field(
+        None, description="A file holding Flower's `user:password[,...]` (a Secret); wins over the variable."
+    )
+    exporter_basic_auth: SecretStr | None = Field(
+        None, description="The exporter's HTTP basic auth, `user:password[,...]` (unset: none)."
+    )
+    exporter_basic_auth_file: Path | None = Field(
+        None, description="A file holding the exporter's `user:password[,...]`; wins over the variable."
     )
     test_barriers: bool = Field(False, description="Steps block on croqq:barrier:<kind> keys (chaos tests).")
 
@@ -189,8 +199,10 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if self.proposer == "agent" and self.agent == "command" and not self.agent_command.strip():
             raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
-        if self.flower_basic_auth is not None:
-            _check_basic_auth(self.flower_basic_auth.get_secret_value())
+        for name in ("flower_basic_auth", "exporter_basic_auth"):
+            secret = getattr(self, name)
+            if secret is not None:
+                check_basic_auth(secret.get_secret_value(), f"CROQQ_{name.upper()}")
         if self.backend == "replay":
             _check_replay(self)
         if self.broker_url and not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
@@ -231,14 +243,15 @@ def _check_replay(s: Settings) -> None:
         raise ConfigError(f"CROQQ_BACKEND=replay measures the replay dsl only, not CROQQ_DSL={s.dsl}")
 
 
-def _check_basic_auth(value: str) -> None:
-    """``user:password[,user2:password2]``: every pair names a user and a non-empty password."""
-    for pair in value.split(","):
+def check_basic_auth(value: str, source: str) -> list[tuple[str, str]]:
+    """``user:password[,user2:password2]`` as (user, password) pairs: each names a user and a password."""
+    pairs = []
+    for pair in value.strip().split(","):
         user, sep, password = pair.partition(":")
         if not (user.strip() and sep and password):
-            raise ConfigError(
-                "CROQQ_FLOWER_BASIC_AUTH: use user:password[,user2:password2], each with a user and password"
-            )
+            raise ConfigError(f"{source}: use user:password[,user2:password2], each with a user and password")
+        pairs.append((user.strip(), password))
+    return pairs
 
 
 @lru_cache(maxsize=1)
