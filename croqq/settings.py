@@ -30,6 +30,12 @@ class Settings(BaseSettings):
     redis_password: SecretStr | None = Field(None, description="Password, if not inside broker_url.")
     redis_ssl_cert_reqs: Literal["required", "optional", "none"] = "required"
     run_dir: Path = Field(Path(".croqq"), description="Local folder for the embedded Redis, pids and logs.")
+    progress_every_s: float = Field(
+        10.0,
+        gt=0,
+        description="`croqq up` and `croqq status --watch` without a terminal (a pipe, CI, nohup): one "
+        "progress line this often; `croqq up` also appends it to <run dir>/logs/progress.log.",
+    )
     health_dir: Path | None = Field(
         None,
         description="Where each long-running process writes its heartbeat file for `croqq health` "

@@ -6,7 +6,6 @@ import time
 
 import typer
 from rich.console import Console
-from rich.live import Live
 
 from croqq.cli import app
 from croqq.cli.common import load_settings
@@ -15,13 +14,22 @@ from croqq.cli.view import render
 
 @app.command()
 def status(
-    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    watch: bool = typer.Option(
+        False,
+        "--watch",
+        "-w",
+        help="Refresh until Ctrl-C. Without a terminal (a pipe, a log): one progress line every "
+        "CROQQ_PROGRESS_EVERY_S seconds instead (or --every).",
+    ),
     submission: str | None = typer.Option(
         None, "--submission", help="Only this submission ('latest' for the newest)."
     ),
-    every: float = typer.Option(1.0, "--every", min=0.1, help="Refresh period in seconds with --watch."),
+    every: float | None = typer.Option(
+        None, "--every", min=0.1, help="Refresh period in seconds with --watch (default 1; no terminal: 10)."
+    ),
 ) -> None:
     """Show where the cluster stands."""
+    from croqq.cli.live import LiveProgress
     from croqq.delivery.redis_client import connect, require_redis
     from croqq.work.progress import RateMeter, snapshot, submission_sids
 
@@ -32,15 +40,17 @@ def status(
     meter = RateMeter()
     snap = snapshot(client, sids)
     meter.add(snap)
+    console = Console()
     if not watch:
-        Console().print(render(snap, None))
+        console.print(render(snap, None))
         return
-    with Live(render(snap, meter), refresh_per_second=4) as live:
+    period = every or (1.0 if console.is_terminal else settings.progress_every_s)
+    with LiveProgress(console, every_s=period) as progress:
         try:
             while True:
-                time.sleep(every)
+                progress.update(snap, meter)
+                time.sleep(period)
                 snap = snapshot(client, sids)
                 meter.add(snap)
-                live.update(render(snap, meter))
         except KeyboardInterrupt:
             pass

@@ -16,7 +16,6 @@ import time
 
 import typer
 from rich.console import Console
-from rich.live import Live
 
 from croqq.cli import app
 from croqq.cli.common import load_settings
@@ -96,22 +95,27 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _watch(cluster: LocalCluster, submission: str | None, exit_when_done: bool, console: Console) -> bool:
     """Live progress until done (with exit_when_done) or Ctrl-C; returns True if interrupted."""
-    from croqq.cli.view import render, summary_table
+    from croqq.cli.live import LiveProgress
+    from croqq.cli.view import summary_table
     from croqq.work.progress import RateMeter
 
     meter = RateMeter()
-    started = time.monotonic()
     snap = cluster.snapshot(submission)
+    log = cluster.settings.run_dir / "logs" / "progress.log"
+    progress = LiveProgress(console, cluster.settings.progress_every_s, log)
     try:
-        with Live(render(snap, meter), refresh_per_second=2, console=console) as live:
-            while not (exit_when_done and snap.finished):
+        with progress:
+            while True:
+                meter.add(snap)
+                done = exit_when_done and snap.finished
+                progress.update(snap, meter, title=f"croqq ({progress.elapsed_s:.0f}s)", final=done)
+                if done:
+                    break
                 time.sleep(0.5)
                 cluster.poll()
                 snap = cluster.snapshot(submission)
-                meter.add(snap)
-                live.update(render(snap, meter, title=f"croqq ({time.monotonic() - started:.0f}s)"))
     except KeyboardInterrupt:
         return True
     console.print(summary_table(snap))
-    console.print(f"done in {time.monotonic() - started:.1f}s: {snap.total.iters_done} iterations stored")
+    console.print(f"done in {progress.elapsed_s:.1f}s: {snap.total.iters_done} iterations stored")
     return False

@@ -129,3 +129,20 @@ def summary_table(snap: Snapshot, limit: int = 20) -> Table:
             f"{speedup:.2f}x",
         )
     return table
+
+
+def progress_line(snap: Snapshot, meter: RateMeter | None, elapsed_s: float) -> str:
+    """One line for a log or a pipe: time, iterations, rate, ETA, shapes, decisions, GPUs."""
+    t, c = snap.total, snap.counters
+    pct = 100.0 * t.iters_done / t.iters_total if t.iters_total else 0.0
+    busy = sum(1 for g in snap.gpus if g.current)
+    healthy = sum(1 for g in snap.gpus if g.status == "healthy")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap.at))
+    return (
+        f"{stamp} progress: {t.iters_done}/{t.iters_total} iterations ({pct:.1f}%) after "
+        f"{_duration(elapsed_s)}, {meter.rate if meter else 0.0:.2f} iter/s, "
+        f"ETA {_duration(meter.eta_s(snap) if meter else None)}; shapes done {t.done} active {t.active} "
+        f"pending {t.pending} error {t.error}; KEEP {c.get('KEEP', 0)} DISCARD {c.get('DISCARD', 0)} "
+        f"FAIL {c.get('FAIL', 0)} attempts {c.get('attempts', 0)}; GPUs {len(snap.gpus)} "
+        f"({healthy} healthy, {busy} busy)"
+    )

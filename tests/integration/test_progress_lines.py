@@ -1,0 +1,80 @@
+"""Progress without a terminal: `croqq up` and `croqq status --watch` with stdout on a pipe print one
+progress line at a steady interval (and `croqq up` appends the same lines to <run dir>/logs/progress.log),
+so `make demo 2>&1 | tee demo.log` shows the run advancing."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ progress: (\d+)/(\d+) iterations \(\d+\.\d%\) after \S+, "
+    r"[\d.]+ iter/s, ETA \S+; shapes done (\d+) active \d+ pending \d+ error 0; KEEP \d+ DISCARD \d+ "
+    r"FAIL \d+ attempts \d+; GPUs 2 \(\d healthy, \d busy\)$"
+)
+
+
+def _env(root: Path) -> dict[str, str]:
+    return {
+        "PATH": "/usr/bin:/bin",
+        "CROQQ_RUN_DIR": str(root / "run"),
+        "CROQQ_RESULTS_REPO": str(root / "results"),
+        "CROQQ_PIPELINE_DEPTH": "2",
+        "CROQQ_TIME_SCALE": "0.02",
+        "CROQQ_PROGRESS_EVERY_S": "1",
+    }
+
+
+def _progress(text: str) -> list[re.Match[str]]:
+    return [m for m in map(LINE.match, text.splitlines()) if m]
+
+
+def test_up_and_status_watch_print_progress_lines_to_a_pipe(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    argv = ["up", "--dtype", "f16", "--max-iter", "6", "--limit", "3", "--sim-gpus", "2", "--exit-when-done"]
+    up = subprocess.Popen(
+        [sys.executable, "-m", "croqq", *argv],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / "logs" / "progress.log").exists():  # the cluster is up and submitted
+            assert up.poll() is None and time.monotonic() < deadline, "croqq up ended before any progress"
+            time.sleep(0.2)
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "croqq", "status", "--watch"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        time.sleep(3.5)
+        watch.send_signal(signal.SIGINT)
+        watched = watch.communicate(timeout=20)[0]
+        out = up.communicate(timeout=240)[0]
+    finally:
+        up.kill()
+    assert up.returncode == 0, out[-2000:]
+    lines = _progress(out)
+    # one line a second from submission to the end, then the final one when every shape is done
+    assert len(lines) >= 3, out[-2000:]
+    done = [int(m.group(1)) for m in lines]
+    assert done == sorted(done) and done[-1] == int(lines[-1].group(2)) == 3 * 7, out[-2000:]
+    assert int(lines[-1].group(3)) == 3
+    assert "\x1b[" not in out, "no terminal: no escape sequences"
+    logged = (tmp_path / "run" / "logs" / "progress.log").read_text().splitlines()
+    assert [m.group(0) for m in lines] == logged
+    assert 3 <= len(_progress(watched)) <= 5, watched  # CROQQ_PROGRESS_EVERY_S=1 over 3.5 s
