@@ -152,13 +152,13 @@ def test_expired_lease_requeues_with_new_epoch_and_old_result_is_stale(redis_cli
 
 
 def test_heartbeat_keeps_a_lease_alive(redis_client: redis.Redis) -> None:
-    cluster = Cluster(redis_client, ttl=0.3)
+    cluster = Cluster(redis_client, ttl=1.0)  # 4 beats span 1.2 TTLs; each leaves 0.7 s of slack
     cluster.add_gpu("GPU-a")
     cluster.submit(1)
     step = baseline_step(cluster)
     cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)[0]
     for _ in range(4):
-        time.sleep(0.15)
+        time.sleep(0.3)
         assert cluster.ledger.heartbeat(step.step_id, "w1")
         assert cluster.ledger.expire_leases() == 0
     assert not cluster.ledger.heartbeat(step.step_id, "intruder")
