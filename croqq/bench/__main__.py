@@ -1,5 +1,6 @@
 """`python -m croqq.bench [--only PART,...] [--out bench/results.json]`: all benchmarks, or the parts
-named (writer, sweep, duty, recovery, redis, reconcile, source, agent, hosts, tuning, capacity, cpu).
+named (writer, sweep, duty, recovery, redis, reconcile, source, agent, hosts, tuning, capacity, cpu,
+exporter).
 The tuning benchmark takes `[--landscape FILE ...] [--budgets 30,150] [--seeds N] [--json]`
 (`--json`: print only its report)."""
 
@@ -19,6 +20,7 @@ from croqq.bench import (
     agent_bench,
     capacity_bench,
     cluster_bench,
+    exporter_bench,
     hosts_bench,
     reconcile_bench,
     redis_bench,
@@ -42,6 +44,7 @@ PARTS = (
     "tuning",
     "capacity",
     "cpu",
+    "exporter",
 )
 
 
@@ -126,6 +129,12 @@ def main() -> None:
         if "cpu" in parts:
             log.info("control-plane CPU per stored iteration against a bare Celery floor ...")
             results |= capacity_bench.cpu_cost(work / "cpu")
+        if "exporter" in parts:
+            log.info(
+                "exporter scrape time (64 GPUs registered, 268 shapes, %d scrapes) ...",
+                exporter_bench.SCRAPES,
+            )
+            results |= exporter_bench.run(work / "exporter")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ app = typer.Typer(
 
 def _register() -> None:
     from croqq.cli import (  # noqa: F401
+        exporter,
         gpu,
         kernels,
         measure,

@@ -18,9 +18,13 @@ croqq:worker:<node>            hash    a worker process: queues pid host started
 croqq:workers                  zset    worker nodes, score = last heartbeat
 croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
 croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch,
-                                       artifact_bytes_put, artifact_bytes_got, ...)
+                                       lease_expired, artifact_bytes_put, artifact_bytes_got, ...)
+croqq:commit_seconds           hash    the writer's commit times: le:<bound> -> commits in that bucket (not
+                                       cumulative; le:+Inf above the last), sum, count (croqq.work.stats)
+croqq:repo_bytes               string  the results repo's .git size in bytes, as the writer last measured it
 croqq:artifact:<sha256>        string  a build artifact's bytes (a binary, the sim's JSON), stored once
                                        (SET NX); EX = artifact_ttl_s, refreshed on every put and get
+croqq:agents                   set     names of the agents that have a croqq:agent:<name> hash
 croqq:overhead                 list    per-iteration control-plane overhead in ms (newest first, capped)
 croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
 croqq:depth:<uuid>             hash    a GPU's pipeline depth: decayed off-GPU and GPU step seconds of its
@@ -50,6 +54,9 @@ WORKERS = f"{PREFIX}:workers"
 STATS = f"{PREFIX}:stats"
 SUBMISSIONS = f"{PREFIX}:submissions"
 OVERHEAD = f"{PREFIX}:overhead"
+COMMIT_SECONDS = f"{PREFIX}:commit_seconds"
+REPO_BYTES = f"{PREFIX}:repo_bytes"
+AGENTS = f"{PREFIX}:agents"
 REDIS_RUN = f"{PREFIX}:redis_run"
 
 STEP_TTL_S = 6 * 3600  # finished step records linger this long to drop late duplicate messages

@@ -337,6 +337,8 @@ class Ledger:
                 queue = self.queue_for(state, pipe) or ""
             pipe.multi()
             pipe.zrem(keys.RUNNING, step_id)
+            if only_expired:
+                pipe.hincrby(keys.STATS, "lease_expired", 1)
             if state is None or state.step_id != step_id or not queue:
                 self.drop_step(pipe, step_id)
                 if state is not None and state.step_id == step_id:

@@ -1,11 +1,12 @@
 """Heartbeat files and `croqq health`: container probes that mean something.
 
-Every long-running croqq process (each Celery worker, the beat, the `croqq worker` supervisor, Flower) has
-one more beat on its heartbeat thread, the thread that renews its leases. Each beat pings Redis, looks at
-what its role needs (a GPU worker: is the GPU lease still its own; the supervisor: are its GPU workers
-ready; Flower: does its web server answer) and replaces ``<health dir>/<role>[-<name>].json`` atomically
-(a temp file renamed over it: a reader sees the old record or the new one, never half of one). Only GPU
-workers have a name, their GPU's UUID; two processes of one other role on one host need two health dirs.
+Every long-running croqq process (each Celery worker, the beat, the `croqq worker` supervisor, Flower, the
+exporter) has one more beat on its heartbeat thread, the thread that renews its leases. Each beat pings
+Redis, looks at what its role needs (a GPU worker: is the GPU lease still its own; the supervisor: are its
+GPU workers ready; Flower, the exporter: does its web server answer) and replaces
+``<health dir>/<role>[-<name>].json`` atomically (a temp file renamed over it: a reader sees the old record
+or the new one, never half of one). Only GPU workers have a name, their GPU's UUID; two processes of one
+other role on one host need two health dirs.
 
 - **Alive** (`croqq health --role R`, a liveness probe): the file is fresh, younger than 3 beat intervals
   (0.75 x the process's CROQQ_LEASE_TTL_S; ``--max-age`` overrides). The heartbeat thread runs, so the
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROLES = ("coordinator", "build", "ideate", "writer", "beat", "gpu", "worker", "flower")
+ROLES = ("coordinator", "build", "ideate", "writer", "beat", "gpu", "worker", "flower", "exporter")
 BEATS_OF_AGE = 3  # a file older than this many beat intervals is stale
 PROBE_TIMEOUT_S = 2.0
 

@@ -189,7 +189,9 @@ class Runtime:
             self.pusher = Pusher(lambda: repo.push(remote), s.push_every_s, remote).start()
             repo.after_commit = self.pusher.poke
             self.pusher.poke()  # commits made before a restart
-        return ResultsWriter(repo)
+        writer = ResultsWriter(repo)
+        writer.on_commit = lambda seconds: stats.record_commit(self.client, seconds)  # commit latency
+        return writer
 
     def _writer_lease_holder(self) -> str | None:
         """The writer lease's owner token (this process's, in the writer), None when nobody holds it,

@@ -13,10 +13,11 @@ from croqq.errors import InvalidRecordError
 from croqq.processes.app import app, too_old
 from croqq.processes.runtime import drain_completer, get_runtime
 from croqq.settings import get_settings
-from croqq.work import housekeeping
+from croqq.work import housekeeping, stats
 from croqq.work.steps import run_step
 
 log = logging.getLogger(__name__)
+REPO_BYTES_EVERY_S = 30.0  # walking .git is cheap but not free: the exporter's figure lags by at most this
 
 
 @worker_process_init.connect
@@ -114,12 +115,15 @@ def summary(self: Any) -> int:
 
 @app.task(name=queues.TASK_FLUSH, bind=True)
 def flush(self: Any) -> bool:
-    """Bring the results repo's index up to date and wake the background pusher (never waits for a push:
-    see croqq.store.push). True when a remote is set."""
+    """Bring the results repo's index up to date, publish the repo's size (croqq_results_repo_bytes; at most
+    every REPO_BYTES_EVERY_S) and wake the background pusher (never waits for a push: see
+    croqq.store.push). True when a remote is set."""
     if _skip_old(self):
         return False
     rt = get_runtime()
     rt.writer.repo.sync_index()
+    if housekeeping.every(rt, "repo_bytes", REPO_BYTES_EVERY_S):
+        stats.record_repo_bytes(rt.client, rt.writer.repo.size_bytes())
     if rt.pusher is None:
         return False
     rt.pusher.poke()

@@ -530,6 +530,16 @@ class GitRepo:
 
     # -- maintenance --------------------------------------------------------------------------------
 
+    def size_bytes(self) -> int:
+        """The bytes of every file of the git directory (objects, packs, refs, index): what the repo
+        costs on disk, without the working tree."""
+        total = 0
+        for folder, _, files in os.walk(self._repo.path):
+            for name in files:
+                with contextlib.suppress(OSError):  # a pack merged away meanwhile
+                    total += os.lstat(os.path.join(folder, name)).st_size
+        return total
+
     def push(self, remote: str) -> None:
         """Push the branch to ``remote`` (a name or URL) with the git CLI; never forces."""
         spec = f"{self.refname}:{self.refname}"

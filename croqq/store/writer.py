@@ -30,7 +30,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from croqq.domain import source
@@ -344,9 +345,15 @@ class ResultsWriter:
     def __init__(self, repo: GitRepo) -> None:
         self.repo = repo
         self._state_cache: StateCache = {}
+        self.on_commit: Callable[[float], None] | None = None  # seconds of each STORE that committed
+
+    def _committed(self, started: float) -> None:
+        if self.on_commit is not None:
+            self.on_commit(time.perf_counter() - started)
 
     def apply(self, req: StoreRequest) -> StoreReceipt:
         """Store one iteration or attempt in one commit; a repeat is acknowledged and changes nothing."""
+        started = time.perf_counter()
         iteration = req.round.iteration if req.round is not None else None
         draft = _Draft(self.repo, self._state_cache)
         if not _stage(draft, req):
@@ -354,11 +361,13 @@ class ResultsWriter:
             return StoreReceipt(commit=self.repo.head() or "", duplicate=True, iteration=iteration)
         commit = self.repo.commit(draft.finish(), render.commit_message(req))
         draft.remember_states()
+        self._committed(started)
         log.info("stored %s %s as %s", req.key, _label(req), commit[:12])
         return StoreReceipt(commit=commit, duplicate=False, iteration=iteration)
 
     def apply_group(self, reqs: Sequence[StoreRequest]) -> list[StoreReceipt]:
         """Group commit: store several requests in ONE commit (duplicates acknowledged as in apply)."""
+        started = time.perf_counter()
         draft = _Draft(self.repo, self._state_cache)
         fresh = [_stage(draft, req) for req in reqs]
         commit = self.repo.head() or ""
@@ -367,6 +376,7 @@ class ResultsWriter:
             message = f"store: {len(lines)} record(s)\n\n" + "\n".join(lines)
             commit = self.repo.commit(draft.finish(), message)
             draft.remember_states()
+            self._committed(started)
             log.info("stored %d record(s) in one commit %s", len(lines), commit[:12])
         return [
             StoreReceipt(commit=commit, duplicate=not new, iteration=r.round.iteration if r.round else None)

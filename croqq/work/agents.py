@@ -2,6 +2,7 @@
 
 ``croqq:agent:<name>``   hash: calls, failures (consecutive), backoff_until (Redis clock), last_error,
                          wall_s, cost_usd, input_tokens, output_tokens
+``croqq:agents``         set: the names of the agents above (the exporter reads them without a SCAN)
 ``croqq:agent_budget``   hash: max_calls, max_usd (set by ``croqq submit --agent-calls/--agent-usd``;
                          0 or absent: no limit), calls, usd (spent)
 
@@ -135,6 +136,7 @@ def record_call(
     usage = answer.agent
     name = keys.agent_health(agent)
     pipe = client.pipeline(transaction=True)
+    pipe.sadd(keys.AGENTS, agent)
     pipe.hincrby(keys.AGENT_BUDGET, "calls", 1)
     pipe.hincrby(name, "calls", 1)
     if usage is not None:

@@ -29,7 +29,7 @@ UNSTICK_EVERY_S = 10.0
 GIT_RECONCILE_MAX_AGE_S = 30.0  # a reconcile request older than this is skipped (a newer one follows)
 
 
-def _every(rt: Runtime, name: str, seconds: float) -> bool:
+def every(rt: Runtime, name: str, seconds: float) -> bool:
     """True at most once per ``seconds`` across all coordinators."""
     return bool(rt.client.set(keys.tick(name), "1", px=int(seconds * 1000), nx=True))
 
@@ -43,9 +43,9 @@ def reconcile(rt: Runtime) -> dict[str, int]:
     out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
     out["republished"] = republish_after_resets(rt)
     out["offline"] = rt.placement.release_offline_gpus()
-    if _every(rt, "recheck", rt.settings.recheck_every_s):
+    if every(rt, "recheck", rt.settings.recheck_every_s):
         out["rechecks"] = recheck_quarantined(rt)
-    if _every(rt, "unstick", UNSTICK_EVERY_S):
+    if every(rt, "unstick", UNSTICK_EVERY_S):
         out["unstuck"] = unstick_shapes(rt)
     out["placed"] = rt.placement.fill_all()
     if any(v for k, v in out.items() if k != "placed"):
@@ -55,12 +55,12 @@ def reconcile(rt: Runtime) -> dict[str, int]:
 
 def git_reconcile_due(rt: Runtime) -> bool:
     """After a Redis restart, restore or flush (checked every tick), and on the git reconcile schedule."""
-    if redis_forgot(rt.client) and _every(rt, "git-reconcile-now", 2.0):
+    if redis_forgot(rt.client) and every(rt, "git-reconcile-now", 2.0):
         log.warning(
             "Redis restarted, was restored or flushed: reconciling live state against the results repo"
         )
         return True
-    return _every(rt, "git-reconcile", rt.settings.git_reconcile_every_s)
+    return every(rt, "git-reconcile", rt.settings.git_reconcile_every_s)
 
 
 def ask_writer_to_reconcile() -> int:

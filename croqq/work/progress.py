@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -78,16 +79,22 @@ def submission_sids(client: redis.Redis, submission: str | None) -> list[str] | 
     return json.loads(raw) if raw else []
 
 
-def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
-    raw = {str(k): str(v) for k, v in client.hgetall(keys.SUMMARY).items()}
-    chosen = raw if sids is None else {s: raw[s] for s in sids if s in raw}
-    shapes = {sid: ShapeSummary.model_validate_json(v) for sid, v in chosen.items()}
+def tally(shapes: Iterable[ShapeSummary]) -> dict[str, DtypeProgress]:
+    """Shapes by status and iterations, per dtype (from ``croqq:summary``'s entries)."""
     dtypes: dict[str, DtypeProgress] = {}
-    for s in shapes.values():
+    for s in shapes:
         p = dtypes.setdefault(s.dtype, DtypeProgress())
         setattr(p, s.status, getattr(p, s.status) + 1)
         p.iters_done += max(0, s.current_iter + 1)
         p.iters_total += s.max_iter + 1
+    return dtypes
+
+
+def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
+    raw = {str(k): str(v) for k, v in client.hgetall(keys.SUMMARY).items()}
+    chosen = raw if sids is None else {s: raw[s] for s in sids if s in raw}
+    shapes = {sid: ShapeSummary.model_validate_json(v) for sid, v in chosen.items()}
+    dtypes = tally(shapes.values())
     gpus = []
     for g in registry.all_gpus(client):
         gpus.append(

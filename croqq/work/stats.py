@@ -1,10 +1,14 @@
-"""Counters for progress, status and benchmarks, updated inside the ledger's STORE transaction.
+"""Counters for progress, status, metrics and benchmarks, updated inside the ledger's STORE transaction.
 
 croqq:stats             hash: stored, stored:<dtype>, attempts, attempts:<reason> (compile, check,
-                        agent, repeat), KEEP, DISCARD, FAIL, BASELINE, redispatch, quarantines,
-                        migrations, offline
+                        agent, repeat), KEEP, DISCARD, FAIL, BASELINE, redispatch, lease_expired,
+                        quarantines, migrations, offline
 croqq:overhead          list: per-iteration control-plane overhead in ms (newest first, capped)
 croqq:gpu_busy:<uuid>   hash: busy_s, steps, first, last (duty cycle)
+croqq:commit_seconds    hash: the writer's commit times as a histogram: le:<bound> (commits in that
+                        bucket only, le:+Inf above the last bound), sum, count; one pipelined round trip
+                        per commit (``ResultsWriter.on_commit``)
+croqq:repo_bytes        string: the results repo's .git size, published by the writer's periodic flush
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from croqq.domain.fsm import Stored
 
 OVERHEAD = keys.OVERHEAD
 OVERHEAD_CAP = 200_000
+COMMIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -> None:
@@ -37,6 +42,33 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
         overhead_ms = 1000.0 * max(0.0, (clock.now(pipe) - before.iter_t0) - before.iter_exec_s)
         pipe.lpush(OVERHEAD, f"{overhead_ms:.3f}")
         pipe.ltrim(OVERHEAD, 0, OVERHEAD_CAP - 1)
+
+
+def _bucket(seconds: float) -> str:
+    return next((f"le:{b}" for b in COMMIT_BUCKETS_S if seconds <= b), "le:+Inf")
+
+
+def record_commit(client: redis.Redis, seconds: float) -> None:
+    """Count one commit of ``seconds`` in the histogram (one round trip)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(keys.COMMIT_SECONDS, _bucket(seconds), 1)
+    pipe.hincrbyfloat(keys.COMMIT_SECONDS, "sum", seconds)
+    pipe.hincrby(keys.COMMIT_SECONDS, "count", 1)
+    pipe.execute()
+
+
+def commit_histogram(raw: dict[str, str]) -> tuple[list[tuple[str, float]], float]:
+    """The stored histogram as Prometheus wants it: cumulative (bound, count) pairs ending with +Inf, and
+    the sum of the seconds."""
+    out, total = [], 0.0
+    for bound in [str(b) for b in COMMIT_BUCKETS_S] + ["+Inf"]:
+        total += float(raw.get(f"le:{bound}", 0))
+        out.append((bound, total))
+    return out, float(raw.get("sum", 0.0))
+
+
+def record_repo_bytes(client: redis.Redis, size: int) -> None:
+    client.set(keys.REPO_BYTES, str(size))
 
 
 def record_busy(client: redis.Redis, uuid: str, start: float, end: float, clear_current: str = "") -> None:

@@ -23,6 +23,7 @@ HEALTH_ROLE = {
     "ideate-worker": "ideate",
     "worker": "worker",
     "flower": "flower",
+    "exporter": "exporter",
 }
 
 # Typer (0.29+) parses with its own copy of click, whose errors derive from TyperException.

@@ -75,6 +75,7 @@ def test_every_croqq_service_runs_a_real_croqq_command_with_valid_options(
         "ideate-worker",
         "gpu-worker",
         "flower",
+        "exporter",
     }
     for service in found.values():
         parse_croqq(command_of(service))
@@ -138,7 +139,7 @@ def test_gpu_and_build_workers_use_the_cuda_image_and_the_gpu_worker_reserves_ev
 ) -> None:
     for name in ("gpu-worker", "build-worker"):
         assert services[name]["build"]["dockerfile"] == "docker/Dockerfile.cuda"
-    for name in ("coordinator", "writer", "beat", "ideate-worker", "flower"):
+    for name in ("coordinator", "writer", "beat", "ideate-worker", "flower", "exporter"):
         assert services[name]["build"]["dockerfile"] == "docker/Dockerfile"
     devices = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
@@ -167,6 +168,15 @@ def test_flower_has_basic_auth_from_env(services: dict[str, dict[str, Any]]) -> 
     assert flower["environment"]["CROQQ_FLOWER_BASIC_AUTH"].startswith("${CROQQ_FLOWER_BASIC_AUTH:?")
 
 
+def test_the_exporter_needs_a_login_from_env_and_is_published_on_this_host_only_by_default(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    exporter = services["exporter"]
+    assert exporter["environment"]["CROQQ_EXPORTER_BASIC_AUTH"].startswith("${CROQQ_EXPORTER_BASIC_AUTH:?")
+    assert parse_croqq(command_of(exporter)) == {"port": 9808, "address": "0.0.0.0", "log_level": "INFO"}
+    assert exporter["ports"] == ["${CROQQ_EXPORTER_PUBLISH:-127.0.0.1}:9808:9808"]
+
+
 def test_the_env_example_documents_every_variable_and_holds_only_placeholders() -> None:
     used = set(INTERPOLATED.findall(COMPOSE.read_text()))
     lines = (ROOT / ".env.example").read_text().splitlines()
@@ -179,6 +189,7 @@ def test_the_env_example_documents_every_variable_and_holds_only_placeholders() 
     assert used == set(documented)
     assert documented["CROQQ_REDIS_PASSWORD"] == "change-me"
     assert documented["CROQQ_FLOWER_BASIC_AUTH"] == "admin:change-me"
+    assert documented["CROQQ_EXPORTER_BASIC_AUTH"] == "prometheus:change-me"
 
 
 def test_dotenv_files_are_never_committed() -> None:

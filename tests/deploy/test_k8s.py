@@ -105,7 +105,7 @@ def test_the_kustomization_lists_every_manifest_and_every_listed_file_exists() -
 
 def test_secrets_come_from_git_ignored_files_that_the_user_fills_from_examples() -> None:
     generated = {gen["name"]: gen["envs"] for gen in kustomization()["secretGenerator"]}
-    assert set(generated) == {"croqq-redis", "croqq-flower"}
+    assert set(generated) == {"croqq-redis", "croqq-flower", "croqq-exporter"}
     for envs in generated.values():
         for env in envs:
             example = K8S / f"{env}.example"
@@ -208,7 +208,7 @@ def test_beat_is_one_replica_replaced_by_recreate() -> None:
 
 def test_stateless_roles_are_deployments() -> None:
     found = workloads()
-    for name in ("coordinator", "build-worker", "ideate-worker", "flower"):
+    for name in ("coordinator", "build-worker", "ideate-worker", "flower", "exporter"):
         assert found[name]["kind"] == "Deployment", name
     (build,) = pod_spec(found["build-worker"])["containers"]
     assert build["image"].startswith("croqq-cuda:")
@@ -239,3 +239,18 @@ def test_flower_has_a_service_and_its_basic_auth_from_a_secret() -> None:
     (service,) = [d for d in resources() if d["kind"] == "Service" and d["metadata"]["name"] == "flower"]
     assert service["spec"]["ports"][0]["port"] == 5555
     assert parse_croqq(container["args"]) == {"port": 5555, "address": "0.0.0.0"}
+
+
+def test_the_exporter_has_an_annotated_service_and_its_basic_auth_from_a_secret() -> None:
+    (container,) = pod_spec(workloads()["exporter"])["containers"]
+    auth = next(e for e in container["env"] if e["name"] == "CROQQ_EXPORTER_BASIC_AUTH")
+    assert auth["valueFrom"]["secretKeyRef"] == {"name": "croqq-exporter", "key": "CROQQ_EXPORTER_BASIC_AUTH"}
+    assert parse_croqq(container["args"]) == {"port": 9808, "address": "0.0.0.0", "log_level": "INFO"}
+    (service,) = [d for d in resources() if d["kind"] == "Service" and d["metadata"]["name"] == "exporter"]
+    assert service["spec"]["ports"][0]["port"] == 9808
+    annotations = service["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9808",
+        "prometheus.io/path": "/metrics",
+    }

@@ -78,6 +78,20 @@ def test_repeated_store_changes_nothing(writer: ResultsWriter) -> None:
     assert len(subjects(writer.repo)) == len(reqs)
 
 
+def test_each_commit_reports_its_time_and_a_repeat_none_and_the_repo_size_grows(
+    writer: ResultsWriter,
+) -> None:
+    times: list[float] = []
+    writer.on_commit = times.append
+    reqs = requests(iters=3)
+    empty = writer.repo.size_bytes()
+    for req in reqs:
+        writer.apply(req)
+    writer.apply(reqs[0])  # a repeat commits nothing
+    assert len(times) == len(reqs) and all(0 < t < 10 for t in times)
+    assert writer.repo.size_bytes() > empty > 0
+
+
 def test_attempt_is_stored_without_an_iteration_id(writer: ResultsWriter) -> None:
     reqs = requests(iters=8)
     attempt = next(r for r in reqs if r.kind == "attempt")

@@ -1,0 +1,304 @@
+"""The Prometheus view of a cluster: a collector that reads Redis on every scrape and keeps no state.
+
+Any number of exporters may run and a restarted one loses nothing: every figure is read back from the keys
+the cluster already keeps (``croqq.delivery.keys``), in two pipelined round trips per scrape (the second
+one per GPU and per agent named by the first), so a scrape costs about the same at 64 GPUs as at one.
+
+Queue lengths come from kombu's Redis transport, which keeps a queue as one list per priority step
+(``<queue>``, then ``<queue>\\x06\\x16<step>`` for steps 3, 6 and 9); they are summed per queue.
+Counters are the cluster's own (``croqq:stats``, ``croqq:gpu_busy:<uuid>``, ``croqq:agent:<name>``), so
+Prometheus's ``rate()`` works across exporter restarts; they restart from zero only when Redis forgets
+them (a FLUSHALL), which ``rate()`` reads as a counter reset. Duty is busy seconds over the wall seconds
+since the GPU's first busy interval (Redis's clock); ``rate(croqq_gpu_busy_seconds_total[5m])`` is the
+recent duty.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from croqq.delivery import keys, queues
+from croqq.delivery.redis_client import strs
+from croqq.delivery.state import ShapeSummary
+from croqq.placement.registry import HEALTHY, OFFLINE, QUARANTINED, GpuEntry
+from croqq.work import progress, stats
+
+log = logging.getLogger(__name__)
+GPU_STATES = (HEALTHY, QUARANTINED, OFFLINE)
+SHAPE_STATUSES = ("pending", "active", "done", "error")
+DECISIONS = ("KEEP", "DISCARD", "FAIL", "BASELINE")
+EVENT_COUNTERS = {  # croqq:stats field -> metric (without _total), help
+    "lease_expired": ("croqq_lease_expiries", "Running steps whose lease expired and beat reclaimed."),
+    "redispatch": ("croqq_redispatches", "Steps put back in their queue with a new epoch."),
+    "quarantines": ("croqq_quarantines", "GPUs quarantined (persistently unhealthy)."),
+    "migrations": ("croqq_migrations", "Shapes moved off a quarantined or offline GPU."),
+    "offline": ("croqq_gpus_marked_offline", "GPUs marked offline (their worker went away)."),
+}
+
+
+def broker_lists(queue: str) -> list[str]:
+    """The Redis lists kombu keeps one queue in (one per priority step)."""
+    return [queue] + [f"{queue}{Channel.sep}{step}" for step in PRIORITY_STEPS if step]
+
+
+@dataclass
+class Reading:
+    """What one scrape read from Redis (raw replies, parsed by :func:`families`)."""
+
+    now: float
+    summary: dict[str, str]
+    counters: dict[str, str]
+    commits: dict[str, str]
+    repo_bytes: str | None
+    unacked: int
+    queue_lengths: dict[str, int]
+    gpus: list[tuple[GpuEntry, dict[str, str], int, int]]  # entry, busy hash, depth, active shapes
+    agents: dict[str, dict[str, str]]
+
+
+def read(client: redis.Redis) -> Reading:
+    """Everything a scrape shows, in two pipelined round trips."""
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for key in (keys.SUMMARY, keys.STATS, keys.COMMIT_SECONDS):
+        pipe.hgetall(key)
+    pipe.get(keys.REPO_BYTES)
+    pipe.hlen("unacked")  # kombu's hash of messages delivered to a consumer and not yet acknowledged
+    pipe.smembers(keys.GPUS)
+    pipe.smembers(keys.AGENTS)
+    (sec, usec), summary, counters, commits, repo_bytes, unacked, uuid_set, agent_set = pipe.execute()
+    uuids, names = sorted(strs(uuid_set)), sorted(strs(agent_set))
+    names_of_queues = [queues.CONTROL, queues.BUILD, queues.IDEATE, queues.STORE]
+    names_of_queues += [queues.gpu_queue(u) for u in uuids]
+    for queue in names_of_queues:
+        for name in broker_lists(queue):
+            pipe.llen(name)
+    for uuid in uuids:
+        pipe.hgetall(keys.gpu(uuid))
+        pipe.hgetall(keys.gpu_busy(uuid))
+        pipe.hget(keys.depth(uuid), "depth")
+        pipe.scard(keys.active(uuid))
+    for name in names:
+        pipe.hgetall(keys.agent_health(name))
+    replies = iter(pipe.execute())
+    steps = len(broker_lists(queues.CONTROL))
+    lengths = {q: sum(int(next(replies)) for _ in range(steps)) for q in names_of_queues}
+    gpus = []
+    for _ in uuids:
+        entry, busy, depth, active = (next(replies) for _ in range(4))
+        if entry:  # listed, but its hash is gone (Redis lost part of it): skipped until re-registered
+            gpus.append((GpuEntry.model_validate(entry), busy, int(depth or 0), int(active)))
+    return Reading(
+        now=float(sec) + float(usec) / 1e6,
+        summary=summary,
+        counters=counters,
+        commits=commits,
+        repo_bytes=repo_bytes,
+        unacked=int(unacked),
+        queue_lengths=lengths,
+        gpus=gpus,
+        agents={name: next(replies) for name in names},
+    )
+
+
+def _num(raw: dict[str, str], field: str) -> float:
+    try:
+        return float(raw.get(field) or 0)
+    except ValueError:
+        return 0.0
+
+
+def _gauge(name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
+
+
+def _counter(name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
+
+
+def work_families(r: Reading) -> Iterator[Metric]:
+    """Queues, shapes, iterations, attempts, recovery events."""
+    yield _gauge(
+        "croqq_queue_messages",
+        "Messages waiting in each Celery queue (every priority list summed).",
+        ["queue"],
+        (([q], n) for q, n in r.queue_lengths.items()),
+    )
+    yield _gauge(
+        "croqq_broker_unacked_messages",
+        "Messages delivered to a consumer and not yet acknowledged (kombu's unacked hash).",
+        [],
+        [([], r.unacked)],
+    )
+    tally = progress.tally(ShapeSummary.model_validate_json(v) for v in r.summary.values())
+    yield _gauge(
+        "croqq_shapes",
+        "Submitted shapes by dtype and status.",
+        ["dtype", "status"],
+        (([d, s], getattr(p, s)) for d, p in sorted(tally.items()) for s in SHAPE_STATUSES),
+    )
+    c = r.counters
+    yield _counter(
+        "croqq_iterations",
+        "Iterations stored in the results repo, by decision (baseline: iteration 0).",
+        ["decision"],
+        (([d.lower()], _num(c, d)) for d in DECISIONS),
+    )
+    reasons = sorted(k.split(":", 1)[1] for k in c if k.startswith("attempts:"))
+    yield _counter(
+        "croqq_attempts",
+        "Candidates stored as attempts (no iteration id), by reason (compile, check, agent, repeat).",
+        ["reason"],
+        (([why], _num(c, f"attempts:{why}")) for why in reasons),
+    )
+    for field, (name, doc) in EVENT_COUNTERS.items():
+        yield _counter(name, doc, [], [([], _num(c, field))])
+
+
+def gpu_families(r: Reading) -> Iterator[Metric]:
+    """Per GPU: its state, host and type, busy seconds and duty, pipeline depth, active shapes."""
+    yield _gauge(
+        "croqq_gpu_info",
+        "A registered GPU (always 1): its host, type and index.",
+        ["gpu", "host", "gpu_type", "index"],
+        (([g.uuid, g.host, g.gpu_type, str(g.index)], 1) for g, *_ in r.gpus),
+    )
+    yield _gauge(
+        "croqq_gpu_state",
+        "1 for the GPU's current state (healthy, quarantined, offline), 0 for the others.",
+        ["gpu", "state"],
+        (([g.uuid, s], float(g.status == s)) for g, *_ in r.gpus for s in GPU_STATES),
+    )
+    yield _counter(
+        "croqq_gpu_busy_seconds",
+        "Seconds the GPU spent running steps (rate() of it is the GPU's duty).",
+        ["gpu"],
+        (([g.uuid], _num(busy, "busy_s")) for g, busy, *_ in r.gpus),
+    )
+    yield _counter(
+        "croqq_gpu_steps",
+        "GPU steps run (BASELINE, PROFILE, MEASURE).",
+        ["gpu"],
+        (([g.uuid], _num(busy, "steps")) for g, busy, *_ in r.gpus),
+    )
+    yield _gauge(
+        "croqq_gpu_duty_ratio",
+        "Busy seconds over wall seconds since the GPU's first step (Redis's clock), 0..1.",
+        ["gpu"],
+        (([g.uuid], _duty(busy, r.now)) for g, busy, *_ in r.gpus),
+    )
+    yield _gauge(
+        "croqq_gpu_pipeline_depth",
+        "Shapes the GPU may hold, as the coordinator last chose (0: not chosen yet).",
+        ["gpu"],
+        (([g.uuid], depth) for g, _, depth, _ in r.gpus),
+    )
+    yield _gauge(
+        "croqq_gpu_active_shapes",
+        "Shapes assigned to the GPU now.",
+        ["gpu"],
+        (([g.uuid], active) for g, *_, active in r.gpus),
+    )
+
+
+def _duty(busy: dict[str, str], now: float) -> float:
+    first = _num(busy, "first")
+    return min(1.0, _num(busy, "busy_s") / (now - first)) if first and now > first else 0.0
+
+
+def store_families(r: Reading) -> Iterator[Metric]:
+    """The writer's commit latency and the results repo's size."""
+    buckets, total = stats.commit_histogram(r.commits)
+    commits = HistogramMetricFamily(
+        "croqq_writer_commit_seconds", "Time the writer took to store one STORE (stage and commit)."
+    )
+    commits.add_metric([], buckets, total)
+    yield commits
+    if r.repo_bytes is not None:
+        yield _gauge(
+            "croqq_results_repo_bytes",
+            "Size of the results repo's .git folder, as the writer last measured it.",
+            [],
+            [([], float(r.repo_bytes))],
+        )
+
+
+def agent_families(r: Reading) -> Iterator[Metric]:
+    """Per agent: calls, consecutive failures, call seconds, tokens, cost."""
+    a = r.agents
+    yield _counter(
+        "croqq_agent_calls",
+        "Proposer calls of the agent.",
+        ["agent"],
+        (([n], _num(h, "calls")) for n, h in a.items()),
+    )
+    yield _gauge(
+        "croqq_agent_consecutive_failures",
+        "The agent's failed calls in a row (it is backed off past CROQQ_AGENT_BACKOFF_AFTER).",
+        ["agent"],
+        (([n], _num(h, "failures")) for n, h in a.items()),
+    )
+    yield _counter(
+        "croqq_agent_call_seconds",
+        "Wall seconds spent in the agent's calls.",
+        ["agent"],
+        (([n], _num(h, "wall_s")) for n, h in a.items()),
+    )
+    yield _counter(
+        "croqq_agent_tokens",
+        "Tokens the agent reported, by kind (input, output).",
+        ["agent", "kind"],
+        (([n, kind], _num(h, f"{kind}_tokens")) for n, h in a.items() for kind in ("input", "output")),
+    )
+    yield _counter(
+        "croqq_agent_cost_dollars",
+        "US dollars the agent reported spending.",
+        ["agent"],
+        (([n], _num(h, "cost_usd")) for n, h in a.items()),
+    )
+
+
+def families(r: Reading) -> Iterator[Metric]:
+    for part in (work_families, gpu_families, store_families, agent_families):
+        yield from part(r)
+
+
+class ClusterCollector(Collector):
+    """Reads the cluster's state from Redis at each scrape (a client that fails fast: see health)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        try:
+            reading: Reading | None = read(self.client)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("cannot read Redis for this scrape: %s", exc)
+            reading = None
+        up = _gauge(
+            "croqq_redis_up", "1 when this scrape could read Redis, else 0.", [], [([], reading is not None)]
+        )
+        if reading is not None:
+            yield from families(reading)
+        yield up
+        yield _gauge(
+            "croqq_exporter_scrape_seconds",
+            "Seconds this exporter took to read Redis and build this scrape's metrics.",
+            [],
+            [([], time.perf_counter() - started)],
+        )

@@ -1,0 +1,95 @@
+"""`croqq exporter` next to a real cluster: what Prometheus scrapes over HTTP matches what the cluster did."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from croqq.processes.local import LocalCluster
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Metric sample name -> {sorted labels: value}."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def wait_healthy(env: dict[str, str], timeout_s: float = 20.0) -> subprocess.CompletedProcess[str]:
+    """`croqq health --role exporter --ready`, asked until it says yes (the first beat may be on its way)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = subprocess.run(
+            [sys.executable, "-m", "croqq", "health", "--role", "exporter", "--ready"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0 or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)
+
+
+def test_exporter_scrapes_a_running_cluster(cluster_env: dict[str, str], tmp_path: Path) -> None:
+    port = free_port()
+    with LocalCluster(cluster_env) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=2, limit=2)
+        cluster.wait_done(sub, timeout_s=120)
+        uuids = [g.uuid for g in cluster.snapshot().gpus]
+        env = {**cluster.env, "PATH": "/usr/bin:/bin", "CROQQ_HEALTH_DIR": str(tmp_path / "health")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "croqq", "exporter", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline, m = time.monotonic() + 30, {}
+            while time.monotonic() < deadline:
+                try:
+                    m = scrape(f"http://127.0.0.1:{port}/metrics")
+                except OSError:
+                    m = {}
+                if m.get("croqq_results_repo_bytes"):  # the writer's periodic flush published it
+                    break
+                time.sleep(0.5)
+            health = wait_healthy(env)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    assert m, proc.stderr.read() if proc.stderr else ""
+    assert sum(m["croqq_iterations_total"].values()) == 6  # 2 shapes x (baseline + 2 iterations)
+    assert m["croqq_iterations_total"][(("decision", "baseline"),)] == 2
+    assert m["croqq_writer_commit_seconds_count"][()] >= 6
+    assert m["croqq_results_repo_bytes"][()] > 0
+    assert len(uuids) == 2
+    for uuid in uuids:
+        assert m["croqq_queue_messages"][(("queue", f"gpu.{uuid}"),)] == 0  # done: every queue drained
+        assert m["croqq_gpu_state"][(("gpu", uuid), ("state", "healthy"))] == 1
+    assert sum(m["croqq_gpu_busy_seconds_total"].values()) > 0
+    assert m["croqq_shapes"][(("dtype", "f16"), ("status", "done"))] == 2
+    assert health.returncode == 0, health.stderr
