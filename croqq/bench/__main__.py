@@ -1,6 +1,6 @@
 """`python -m croqq.bench [--only PART,...] [--out bench/results.json]`: all benchmarks, or the parts
 named (writer, sweep, duty, recovery, redis, reconcile, source, agent, hosts, tuning, capacity, cpu,
-exporter).
+exporter, report).
 The tuning benchmark takes `[--landscape FILE ...] [--budgets 30,150] [--seeds N] [--json]`
 (`--json`: print only its report)."""
 
@@ -24,6 +24,7 @@ from croqq.bench import (
     hosts_bench,
     reconcile_bench,
     redis_bench,
+    report_bench,
     tuning_bench,
     writer_bench,
 )
@@ -45,6 +46,7 @@ PARTS = (
     "capacity",
     "cpu",
     "exporter",
+    "report",
 )
 
 
@@ -129,6 +131,9 @@ def main() -> None:
         if "cpu" in parts:
             log.info("control-plane CPU per stored iteration against a bare Celery floor ...")
             results |= capacity_bench.cpu_cost(work / "cpu")
+        if "report" in parts:
+            log.info("croqq report on a 268-shape, 8,040-iteration repo (fixture through the writer) ...")
+            results |= report_bench.run(work / "report")
         if "exporter" in parts:
             log.info(
                 "exporter scrape time (64 GPUs registered, 268 shapes, %d scrapes) ...",

@@ -28,6 +28,7 @@ def _register() -> None:
         measure,
         processes,
         repo,
+        report,
         retry,
         status,
         stress,

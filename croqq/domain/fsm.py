@@ -70,6 +70,8 @@ class BaselineMeasured(_Event):
     measurement: Measurement
     vendor_tflops: float | None = None
     artifact: str = ""
+    gpu_started_at: float | None = None  # the step's GPU interval (MeasureResult's fields of the same name)
+    gpu_busy_s: float | None = None
 
 
 class Profiled(_Event):
@@ -245,7 +247,12 @@ def _baseline(loop: Loop, ev: BaselineMeasured) -> Loop:
     tflops = ev.measurement.tflops if ok else 0.0
     pending = Pending(
         iteration=0,
-        measure=MeasureResult(candidate=ev.measurement, vendor_tflops=ev.vendor_tflops),
+        measure=MeasureResult(
+            candidate=ev.measurement,
+            vendor_tflops=ev.vendor_tflops,
+            gpu_started_at=ev.gpu_started_at,
+            gpu_busy_s=ev.gpu_busy_s,
+        ),
         decision=decision,
         tflops=tflops,
     )

@@ -121,12 +121,18 @@ class MeasureResult(_Record):
     rebased_best_tflops: float | None = None
     vendor_tflops: float | None = None
     gpu_uuid: str = ""
+    # the GPU step that produced it (the interval the GPU was busy, on Redis's clock): for `croqq report`'s
+    # duty plot; None in records written before these fields existed
+    gpu_started_at: float | None = Field(None, description="Start of the GPU step, Redis clock, Unix s.")
+    gpu_busy_s: float | None = Field(None, ge=0, description="How long the GPU step held the GPU, s.")
 
 
 class Profile(_Record):
     bottleneck: Bottleneck
     metrics: dict[str, float] = {}
     raw: str = ""
+    gpu_started_at: float | None = None  # the PROFILE step's GPU interval, as on MeasureResult
+    gpu_busy_s: float | None = Field(None, ge=0)
 
 
 class HistoryEntry(_Record):

@@ -85,12 +85,17 @@ def baseline(rt: Runtime, state: ShapeState, msg: StepMessage) -> BaselineMeasur
     artifact = pending.build.artifact
     gpu = rt.gpu
     guard.gate(rt, gpu, f"baseline {state.key}")
-    with guard.busy(rt, gpu):
+    with guard.busy(rt, gpu) as span:
         (measurement,) = rt.backend.measure(gpu, state.shape, [artifact])
         vendor = rt.backend.vendor_tflops(gpu, state.shape)
     guard.after_run(gpu, measurement)
     return BaselineMeasured(
-        knobs=knobs, source=cand.source, measurement=measurement, vendor_tflops=vendor, artifact=artifact
+        knobs=knobs,
+        source=cand.source,
+        measurement=measurement,
+        vendor_tflops=vendor,
+        artifact=artifact,
+        **span.fields(),
     )
 
 
@@ -98,9 +103,9 @@ def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
     artifact = _best_artifact(state)
     gpu = rt.gpu
     guard.gate(rt, gpu, f"profile {state.key}")
-    with guard.busy(rt, gpu):
+    with guard.busy(rt, gpu) as span:
         result = rt.backend.profile(gpu, state.shape, artifact)
-    return Profiled(profile=result)
+    return Profiled(profile=result.model_copy(update=span.fields()))
 
 
 def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejected:
@@ -184,7 +189,7 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
     best_artifact = _best_artifact(state) if loop.best_iter >= 0 else None
     gpu = rt.gpu
     guard.gate(rt, gpu, f"measure {state.key} iter{loop.current_iter + 1:03d}")
-    with guard.busy(rt, gpu):
+    with guard.busy(rt, gpu) as span:
         result = rt.backend.measure_candidate(
             gpu,
             state.shape,
@@ -194,7 +199,7 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
             rebase=state.needs_rebase,
         )
     guard.after_run(gpu, result.candidate)
-    return Measured(result=result)
+    return Measured(result=result.model_copy(update=span.fields()))
 
 
 def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored | Resynced:

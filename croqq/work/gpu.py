@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from croqq.backends._base import GpuContext
 from croqq.delivery import clock, keys
@@ -62,11 +63,26 @@ def after_run(gpu: GpuContext, measurement: Measurement) -> None:
         raise GpuUnavailableError(f"GPU {gpu.uuid} hung past the run timeout: {'; '.join(health.problems)}")
 
 
+@dataclass
+class BusySpan:
+    """The interval a GPU step held the GPU (Redis clock); ``busy_s`` is set when the step ends. The step
+    puts it in its record (``MeasureResult.gpu_started_at``/``gpu_busy_s``), so the results repo alone
+    says how busy each GPU was (`croqq report`)."""
+
+    started_at: float
+    busy_s: float = 0.0
+
+    def fields(self) -> dict[str, float]:
+        return {"gpu_started_at": self.started_at, "gpu_busy_s": self.busy_s}
+
+
 @contextmanager
-def busy(rt: Runtime, gpu: GpuContext) -> Iterator[None]:
+def busy(rt: Runtime, gpu: GpuContext) -> Iterator[BusySpan]:
     """Count the time the GPU works (duty cycle); clear its 'current step' afterwards."""
-    start = clock.now(rt.client)
+    span = BusySpan(clock.now(rt.client))
     try:
-        yield
+        yield span
     finally:
-        stats.record_busy(rt.client, gpu.uuid, start, clock.now(rt.client), clear_current=keys.gpu(gpu.uuid))
+        end = clock.now(rt.client)
+        span.busy_s = max(0.0, end - span.started_at)
+        stats.record_busy(rt.client, gpu.uuid, span.started_at, end, clear_current=keys.gpu(gpu.uuid))

@@ -53,6 +53,8 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
         assert all(r.decision != "KEEP" for r in rows[best.iter + 1 :])
         rounds = (repo / RUN / "memory" / key / "rounds.raw.jsonl").read_text().splitlines()
         assert [json.loads(line)["iteration"] for line in rounds] == [0, 1, 2, 3, 4]
+        measures = [json.loads(line)["measure"] for line in rounds]  # each GPU step's interval (croqq report)
+        assert all(m["gpu_started_at"] > 0 and m["gpu_busy_s"] > 0 for m in measures)
         assert (repo / "kernels" / "gemm_f16" / f"{key}_best.cu").exists()
     assert validate_repo(repo, None) == []
     assert git(repo, "status", "--porcelain") == ""
