@@ -180,7 +180,9 @@ class Settings(BaseSettings):
     max_step_failures: int = Field(
         3, ge=1, description="Unexpected errors before a shape is parked as 'error'."
     )
-    task_events: bool = Field(False, description="Workers send task events (for Flower).")
+    task_events: bool = Field(
+        True, description="Workers send task events and event heartbeats (Flower lists workers from them)."
+    )
     # -- monitoring logins: Flower and the exporter refuse a non-loopback address without one --------
     flower_basic_auth: SecretStr | None = Field(
         None, description="Flower's HTTP basic auth, `user:password[,user2:password2]` (unset: none)."

@@ -1,6 +1,6 @@
 """`python -m croqq.bench [--only PART,...] [--out bench/results.json]`: all benchmarks, or the parts
 named (writer, sweep, duty, recovery, redis, reconcile, source, agent, hosts, tuning, capacity, cpu,
-exporter, report).
+events, exporter, report).
 The tuning benchmark takes `[--landscape FILE ...] [--budgets 30,150] [--seeds N] [--json]`
 (`--json`: print only its report)."""
 
@@ -20,6 +20,7 @@ from croqq.bench import (
     agent_bench,
     capacity_bench,
     cluster_bench,
+    events_bench,
     exporter_bench,
     hosts_bench,
     reconcile_bench,
@@ -45,6 +46,7 @@ PARTS = (
     "tuning",
     "capacity",
     "cpu",
+    "events",
     "exporter",
     "report",
 )
@@ -131,6 +133,9 @@ def main() -> None:
         if "cpu" in parts:
             log.info("control-plane CPU per stored iteration against a bare Celery floor ...")
             results |= capacity_bench.cpu_cost(work / "cpu")
+        if "events" in parts:
+            log.info("task events' cost to Redis (the same sweep with events off, on, on with Flower) ...")
+            results |= events_bench.events_cost(work / "events")
         if "report" in parts:
             log.info("croqq report on a 268-shape, 8,040-iteration repo (fixture through the writer) ...")
             results |= report_bench.run(work / "report")

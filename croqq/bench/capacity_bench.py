@@ -617,9 +617,11 @@ def send_hop(app: Any, spec: dict[str, Any], chain: int, n: int, letter: str) ->
 
 
 def _floor_worker(queue: str, pool: str, concurrency: int, prefetch: int) -> None:
-    from croqq.processes.boot import celery_argv
+    from croqq.processes.boot import celery_argv, host_name
 
-    _floor_app().worker_main(celery_argv(queue, f"floor-{queue}", pool, concurrency, "WARNING", prefetch))
+    _floor_app().worker_main(
+        celery_argv(queue, f"floor-{queue}@{host_name()}", pool, concurrency, "WARNING", prefetch)
+    )
 
 
 def floor_workers(gpu_queues: list[str]) -> list[tuple[str, str, int, int]]:

@@ -278,8 +278,8 @@ class Injector:
         if role == "beat":
             owner = text(self.client.get(keys.lease("beat"))) or ""
             return owner.split(":")[1:2] == [str(child.pid)]
-        nodes = strs(self.client.zrange(keys.WORKERS, 0, -1))
-        return any(node.startswith(f"{role}-{child.pid}@") for node in nodes)
+        nodes = strs(self.client.zrange(keys.WORKERS, 0, -1))  # names carry no pid: the registry does
+        return any(text(self.client.hget(keys.worker(node), "pid")) == str(child.pid) for node in nodes)
 
     def _all_done(self) -> bool:
         return all(s.status in ("done", "error") for s in self._shapes().values())

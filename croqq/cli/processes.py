@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
@@ -31,16 +30,14 @@ def coordinator(log_level: str = LogLevel) -> None:
     from croqq.processes.boot import run_celery_worker
 
     _prepare(log_level)
-    run_celery_worker(
-        load_settings(), "coordinator", queues.CONTROL, f"coordinator-{os.getpid()}", "solo", 1, log_level
-    )
+    run_celery_worker(load_settings(), "coordinator", queues.CONTROL, "solo", 1, log_level)
 
 
 def _shared_worker(role: str, queue: str, pool: str, concurrency: int, log_level: str) -> None:
     from croqq.processes.boot import run_celery_worker
 
     _prepare(log_level)
-    run_celery_worker(load_settings(), role, queue, f"{role}-{os.getpid()}", pool, concurrency, log_level)
+    run_celery_worker(load_settings(), role, queue, pool, concurrency, log_level)
 
 
 @app.command("build-worker")
@@ -86,7 +83,6 @@ def writer(log_level: str = LogLevel) -> None:
         settings,
         "writer",
         queues.STORE,
-        "writer",
         "solo",
         1,
         log_level,
@@ -202,30 +198,32 @@ def _supervise_until_signal(sup: object) -> None:
 
 @app.command()
 def flower(
-    port: int = typer.Option(5555, "--port"),
-    address: str = typer.Option("127.0.0.1", "--address"),
+    port: int = typer.Option(5555, "--port", min=1, max=65535, help="TCP port to serve on."),
+    address: str = typer.Option(
+        "127.0.0.1",
+        "--address",
+        help="Address to listen on. Anything but loopback (127.0.0.1, ::1, localhost) needs a login.",
+    ),
+    read_only: bool = typer.Option(
+        True,
+        "--read-only/--controls",
+        help="Without Flower's controls (worker shutdown, pool resize, task revoke): growing a GPU "
+        "worker's pool would run two measurements on one GPU. --controls shows them.",
+    ),
 ) -> None:
-    r"""Run Flower (monitoring UI, Prometheus metrics at /metrics). Needs `pip install 'croqq\[flower]'`;
-    workers send task events when CROQQ_TASK_EVENTS=true. CROQQ_FLOWER_BASIC_AUTH (user:password[,...])
-    turns on HTTP basic auth (handed to Flower inside this process, never on a command line)."""
-    from croqq.errors import ConfigError
-    from croqq.processes import health as hc
-    from croqq.processes.boot import host_name
+    r"""Run Flower: the workers (gpu-<index>-<uuid>@host, build@host, writer@host, ...) and their tasks, an
+    HTTP API under /api and Prometheus metrics at /metrics. Needs `pip install 'croqq\[flower]'`.
 
-    try:
-        import flower  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("Flower is not installed; pip install 'croqq[flower]'") from exc
-    from croqq.processes.app import app as celery_app
+    Logins: CROQQ_FLOWER_BASIC_AUTH=user:password[,user2:password2], or CROQQ_FLOWER_BASIC_AUTH_FILE naming a
+    file that holds them (wins; for a Secret); handed to Flower inside this process, never on a command
+    line; the API takes the same ones. Without a login Flower listens on loopback only. Workers send the
+    events Flower shows unless CROQQ_TASK_EVENTS=false."""
+    from croqq.processes.flower import run_flower
+    from croqq.processes.webauth import require_logins
 
     settings = load_settings()
-    argv = ["flower", f"--port={port}", f"--address={address}"]
-    if settings.flower_basic_auth is not None:
-        argv.append(f"--basic_auth={settings.flower_basic_auth.get_secret_value()}")
-    local = "127.0.0.1" if address in ("", "0.0.0.0", "::") else address
-    serves = lambda: hc.http_problems(f"http://{local}:{port}/healthcheck")  # noqa: E731
-    hc.start_heartbeat(settings, hc.Reporter(settings, "flower", f"flower@{host_name()}", problems=serves))
-    celery_app.start(argv)
+    logins = require_logins(settings, "flower", address)
+    run_flower(settings, port, address, logins, read_only)
 
 
 @app.command()

@@ -93,15 +93,23 @@ class Lease:
     def try_acquire(self) -> bool:
         return bool(self.client.set(self.key, self.owner, px=self.ttl_ms, nx=True))
 
-    def acquire(self, wait_s: float, what: str) -> None:
-        """Take the lease, waiting up to ``wait_s`` for a dead holder's lease to expire (a holder of this
-        PID namespace whose process is gone is released at once: a supervisor restarting a killed one)."""
-        deadline = time.monotonic() + wait_s
+    def try_take(self) -> bool:
+        """Take the lease if it is free or its holder is a process of this PID namespace that no longer
+        exists (released at once: a supervisor restarting a killed one); False while a live one holds it."""
         while not self.try_acquire():
             holder = text(self.client.get(self.key)) or ""
-            if dead_local(holder) and self.client.eval(_RELEASE, 1, self.key, holder):
-                log.warning("released %s held by %s, a process that no longer exists", self.key, holder)
+            if not holder:  # it expired meanwhile
                 continue
+            if not (dead_local(holder) and self.client.eval(_RELEASE, 1, self.key, holder)):
+                return False
+            log.warning("released %s held by %s, a process that no longer exists", self.key, holder)
+        return True
+
+    def acquire(self, wait_s: float, what: str) -> None:
+        """Take the lease (:meth:`try_take`), waiting up to ``wait_s`` for a live holder's to expire."""
+        deadline = time.monotonic() + wait_s
+        while not self.try_take():
+            holder = text(self.client.get(self.key)) or ""
             if time.monotonic() >= deadline:
                 raise LeaseHeldError(
                     f"{what} is already held by {holder} (lease {self.key}); only one may run - stop it first"

@@ -27,7 +27,7 @@ from croqq.delivery import keys, queues
 from croqq.delivery.leases import Heartbeat, Lease, owner_id
 from croqq.delivery.redis_client import connect
 from croqq.placement import registry
-from croqq.processes import health
+from croqq.processes import health, naming
 from croqq.processes.runtime import ENV_GPU_OWNER
 from croqq.processes.supervise import EXIT_CONFIG
 from croqq.settings import Settings, get_settings
@@ -52,14 +52,15 @@ def host_name() -> str:
 
 
 def celery_argv(
-    queue: str, node: str, pool: str, concurrency: int, loglevel: str, prefetch: int = 1
+    queue: str, node_name: str, pool: str, concurrency: int, loglevel: str, prefetch: int = 1
 ) -> list[str]:
+    """A worker's Celery arguments; ``node_name`` is the whole ``name@host`` (see :mod:`naming`)."""
     return [
         "worker",
         "-Q",
         queue,
         "-n",
-        f"{node}@{host_name()}",
+        node_name,
         "-P",
         pool,
         "-c",
@@ -70,7 +71,8 @@ def celery_argv(
         "--without-mingle",
         "--prefetch-multiplier",
         str(prefetch),
-        *([] if get_settings().task_events else ["--without-heartbeat"]),  # Flower needs the event heartbeat
+        # Flower lists a worker from its event heartbeats (every 2 s), so they go with the task events
+        *([] if get_settings().task_events else ["--without-heartbeat"]),
     ]
 
 
@@ -78,7 +80,6 @@ def run_celery_worker(
     settings: Settings,
     role: str,
     queue: str,
-    node: str,
     pool: str,
     concurrency: int,
     loglevel: str = "INFO",
@@ -86,8 +87,10 @@ def run_celery_worker(
     extra_beats: Callable[[Heartbeat], None] | None = None,
     on_exit: Callable[[], None] | None = None,
     prefetch: int = 1,
+    node: str | None = None,
 ) -> None:
-    """Run one Celery worker in this process, registered and heart-beating, holding ``singleton``."""
+    """Run one Celery worker in this process, registered and heart-beating, holding ``singleton``. Its
+    node name is ``node@host`` when given (a GPU worker's), else the first free ``role[-N]@host``."""
     from croqq.processes.app import app
 
     client = connect(settings)
@@ -96,7 +99,11 @@ def run_celery_worker(
     if singleton:
         lease = Lease(client, singleton, owner, settings.lease_ttl_s)
         lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"the {role} lock")
-    node_name = f"{node}@{host_name()}"
+    name_lease = None
+    if node is None:
+        node_name, name_lease = naming.claim_node(client, role, host_name(), owner, settings.lease_ttl_s)
+    else:
+        node_name = f"{node}@{host_name()}"
     os.environ[hosts.ENV_WORKER], os.environ[hosts.ENV_ROLE] = node_name, role  # for the pool children
     hosts.clear_stopped(client, role, host_name())
     registry.register_worker(client, node_name, [queue], role)
@@ -111,17 +118,21 @@ def run_celery_worker(
     hb.add("host", lambda: _stop_if_refused(client, node_name, refused))
     if lease is not None:
         hb.add("lease", lambda: _renew_or_die(lease, role))
+    if name_lease is not None:
+        hb.add("name", lambda: naming.keep_node(name_lease))
     if extra_beats is not None:
         extra_beats(hb)
     hb.add("health", health.reporter(settings, role, node_name))
     hb.start()
     try:
-        app.worker_main(celery_argv(queue, node, pool, concurrency, loglevel, prefetch))
+        app.worker_main(celery_argv(queue, node_name, pool, concurrency, loglevel, prefetch))
     finally:
         if on_exit is not None:
             on_exit()
         hb.stop()
         registry.unregister_worker(client, node_name)
+        if name_lease is not None:
+            name_lease.release()
         if lease is not None:
             lease.release()
         if refused.is_set():  # not restarted by supervisors: the host must be fixed first
@@ -182,12 +193,12 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
             settings,
             "gpu",
             entry.queue,
-            f"gpu{index}",
             "prefork",
             1,
             loglevel,
             extra_beats=gpu_beat,
             prefetch=GPU_PREFETCH,
+            node=naming.gpu_node(index, uuid),
         )
     finally:
         lease.release()

@@ -81,7 +81,11 @@ def test_every_croqq_service_runs_a_real_croqq_command_with_valid_options(
         parse_croqq(command_of(service))
         parse_croqq(health_argv(service))
     assert parse_croqq(command_of(services["gpu-worker"]))["gpus"] == "all"
-    assert parse_croqq(command_of(services["flower"])) == {"port": 5555, "address": "0.0.0.0"}
+    assert parse_croqq(command_of(services["flower"])) == {
+        "port": 5555,
+        "address": "0.0.0.0",
+        "read_only": True,
+    }
 
 
 @pytest.mark.parametrize(

@@ -238,7 +238,7 @@ def test_flower_has_a_service_and_its_basic_auth_from_a_secret() -> None:
     assert auth["valueFrom"]["secretKeyRef"] == {"name": "croqq-flower", "key": "CROQQ_FLOWER_BASIC_AUTH"}
     (service,) = [d for d in resources() if d["kind"] == "Service" and d["metadata"]["name"] == "flower"]
     assert service["spec"]["ports"][0]["port"] == 5555
-    assert parse_croqq(container["args"]) == {"port": 5555, "address": "0.0.0.0"}
+    assert parse_croqq(container["args"]) == {"port": 5555, "address": "0.0.0.0", "read_only": True}
 
 
 def test_the_exporter_has_an_annotated_service_and_its_basic_auth_from_a_secret() -> None:
