@@ -2,10 +2,10 @@
 
 The worker that hit a :class:`~croqq.errors.HostError` gives the step back to its queue (other hosts take
 it; the shape is not at fault), records the problem under its worker name (``build@node7``,
-``gpu-0-3f9a2c1b@node7``) in ``croqq:host_problems`` for ``croqq status``, and stops taking work: its main process
-sees the record on its next heartbeat, shuts down warm and exits with the configuration code, which
-supervisors do not restart. A worker of the same role starting on that host again (once it is fixed)
-clears the records its stopped predecessors left.
+``gpu-0-3f9a2c1b@node7``) in ``croqq:host_problems`` for ``croqq status``, and stops taking work: its
+main process sees the record on its next heartbeat, shuts down warm and exits with the configuration
+code, which supervisors do not restart. A worker of the same role starting on that host again (once it
+is fixed) clears the records its stopped predecessors left.
 """
 
 from __future__ import annotations
