@@ -13,8 +13,8 @@ croqq:outbox                   zset    step ids committed but maybe not yet publ
 croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason quarantined_at
                                        current since (a stored quarantine survives re-registration)
 croqq:gpus                     set     all GPU uuids
-croqq:lease:<name>             string  singleton/GPU lease, or a worker's name (node:<name>@<host>, croqq/processes/naming.py):
-                                       owner id, PX = TTL (renewed by heartbeat)
+croqq:lease:<name>             string  singleton/GPU lease, or a worker's name (node:<name>@<host>,
+                                       croqq/processes/naming.py): owner id, PX = TTL (renewed by heartbeat)
 croqq:worker:<node>            hash    a worker process: queues pid host started
 croqq:workers                  zset    worker nodes, score = last heartbeat
 croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
