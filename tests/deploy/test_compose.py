@@ -163,7 +163,12 @@ def test_nothing_is_shared_between_services_but_redis(services: dict[str, dict[s
             source = mount.split(":")[0] if isinstance(mount, str) else mount["source"]
             assert not source.startswith((".", "/", "~")), f"{name} mounts a host folder: {mount}"
             users.setdefault(source, []).append(name)
-    assert users == {"redis-data": ["redis"], "results": ["writer"]}
+    assert users == {
+        "redis-data": ["redis"],
+        "results": ["writer"],
+        "prometheus-data": ["prometheus"],
+        "grafana-data": ["grafana"],
+    }
     assert set(yaml.safe_load(COMPOSE.read_text())["volumes"]) == set(users)
 
 
@@ -176,7 +181,8 @@ def test_the_exporter_needs_a_login_from_env_and_is_published_on_this_host_only_
     services: dict[str, dict[str, Any]],
 ) -> None:
     exporter = services["exporter"]
-    assert exporter["environment"]["CROQQ_EXPORTER_BASIC_AUTH"].startswith("${CROQQ_EXPORTER_BASIC_AUTH:?")
+    login = exporter["environment"]["CROQQ_EXPORTER_BASIC_AUTH"]
+    assert login.startswith("prometheus:${CROQQ_EXPORTER_PASSWORD:?")
     assert parse_croqq(command_of(exporter)) == {"port": 9808, "address": "0.0.0.0", "log_level": "INFO"}
     assert exporter["ports"] == ["${CROQQ_EXPORTER_PUBLISH:-127.0.0.1}:9808:9808"]
 
@@ -193,7 +199,8 @@ def test_the_env_example_documents_every_variable_and_holds_only_placeholders() 
     assert used == set(documented)
     assert documented["CROQQ_REDIS_PASSWORD"] == "change-me"
     assert documented["CROQQ_FLOWER_BASIC_AUTH"] == "admin:change-me"
-    assert documented["CROQQ_EXPORTER_BASIC_AUTH"] == "prometheus:change-me"
+    assert documented["CROQQ_EXPORTER_PASSWORD"] == "change-me"
+    assert documented["CROQQ_GRAFANA_PASSWORD"] == "change-me"
 
 
 def test_dotenv_files_are_never_committed() -> None:
@@ -244,3 +251,33 @@ def test_the_docker_build_context_holds_what_the_dockerfiles_copy() -> None:
             if word == "COPY":
                 for source in shlex.split(rest)[:-1]:
                     assert any(source.rstrip("/") == k.rstrip("/") for k in kept), source
+
+
+def test_the_monitoring_profile_scrapes_the_exporter_with_its_login_and_loads_the_dashboard(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    assert prometheus["profiles"] == grafana["profiles"] == ["monitoring"]  # not started by a plain `up`
+    configs = {name: ROOT / c["file"] for name, c in compose["configs"].items()}
+    assert all(path.is_file() for path in configs.values()), configs
+    mounted = {c["target"]: configs[c["source"]] for s in (prometheus, grafana) for c in s["configs"]}
+    scrape = yaml.safe_load(mounted["/etc/prometheus/prometheus.yml"].read_text())["scrape_configs"]
+    (job,) = scrape
+    # the login Prometheus sends is the exporter's: user prometheus, the password compose hands it
+    user = services["exporter"]["environment"]["CROQQ_EXPORTER_BASIC_AUTH"].split(":")[0]
+    assert job["basic_auth"]["username"] == user
+    (secret,) = prometheus["secrets"]
+    assert job["basic_auth"]["password_file"] == f"/run/secrets/{secret}"
+    assert compose["secrets"][secret] == {"environment": "CROQQ_EXPORTER_PASSWORD"}
+    assert job["static_configs"] == [{"targets": ["exporter:9808"]}]
+    # Grafana: its data source is that Prometheus, and its dashboards folder holds croqq's dashboard
+    sources = yaml.safe_load(mounted["/etc/grafana/provisioning/datasources/croqq.yml"].read_text())
+    assert [d["url"] for d in sources["datasources"]] == ["http://prometheus:9090"]
+    providers = yaml.safe_load(mounted["/etc/grafana/provisioning/dashboards/croqq.yml"].read_text())
+    folder = providers["providers"][0]["options"]["path"]
+    assert mounted[f"{folder}/croqq.json"] == ROOT / "docker" / "grafana" / "croqq.json"
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"].startswith("${CROQQ_GRAFANA_PASSWORD:?")
+    assert grafana["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert prometheus["ports"] == ["${CROQQ_PROMETHEUS_PUBLISH:-127.0.0.1}:9090:9090"]
+    assert grafana["ports"] == ["${CROQQ_GRAFANA_PUBLISH:-127.0.0.1}:3000:3000"]

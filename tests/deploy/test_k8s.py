@@ -232,10 +232,25 @@ def test_gpu_workers_are_one_pod_per_gpu_placed_by_the_gpu_product_label() -> No
         assert workload["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
 
 
+def assert_login_is_a_mounted_secret_file(workload: str, secret: str, variable: str) -> None:
+    """The login reaches the process as a file of the Secret (``<variable>_FILE``), never as a variable."""
+    spec = pod_spec(workloads()[workload])
+    (container,) = spec["containers"]
+    assert variable not in {e["name"] for e in container["env"]}
+    path = next(e["value"] for e in container["env"] if e["name"] == f"{variable}_FILE")
+    folder, name = path.rsplit("/", 1)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == secret
+    assert volume["secret"]["items"] == [{"key": variable, "path": name}]
+    generated = (ROOT / "k8s" / "secrets" / f"{secret.removeprefix('croqq-')}.env.example").read_text()
+    assert f"{variable}=" in generated  # the key the Secret is generated with
+
+
 def test_flower_has_a_service_and_its_basic_auth_from_a_secret() -> None:
     (container,) = pod_spec(workloads()["flower"])["containers"]
-    auth = next(e for e in container["env"] if e["name"] == "CROQQ_FLOWER_BASIC_AUTH")
-    assert auth["valueFrom"]["secretKeyRef"] == {"name": "croqq-flower", "key": "CROQQ_FLOWER_BASIC_AUTH"}
+    assert_login_is_a_mounted_secret_file("flower", "croqq-flower", "CROQQ_FLOWER_BASIC_AUTH")
     (service,) = [d for d in resources() if d["kind"] == "Service" and d["metadata"]["name"] == "flower"]
     assert service["spec"]["ports"][0]["port"] == 5555
     assert parse_croqq(container["args"]) == {"port": 5555, "address": "0.0.0.0", "read_only": True}
@@ -243,8 +258,7 @@ def test_flower_has_a_service_and_its_basic_auth_from_a_secret() -> None:
 
 def test_the_exporter_has_an_annotated_service_and_its_basic_auth_from_a_secret() -> None:
     (container,) = pod_spec(workloads()["exporter"])["containers"]
-    auth = next(e for e in container["env"] if e["name"] == "CROQQ_EXPORTER_BASIC_AUTH")
-    assert auth["valueFrom"]["secretKeyRef"] == {"name": "croqq-exporter", "key": "CROQQ_EXPORTER_BASIC_AUTH"}
+    assert_login_is_a_mounted_secret_file("exporter", "croqq-exporter", "CROQQ_EXPORTER_BASIC_AUTH")
     assert parse_croqq(container["args"]) == {"port": 9808, "address": "0.0.0.0", "log_level": "INFO"}
     (service,) = [d for d in resources() if d["kind"] == "Service" and d["metadata"]["name"] == "exporter"]
     assert service["spec"]["ports"][0]["port"] == 9808
