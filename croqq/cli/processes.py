@@ -229,7 +229,7 @@ def flower(
 @app.command()
 def health(
     role: str = typer.Option(
-        ..., "--role", help="coordinator | build | ideate | writer | beat | gpu | worker | flower."
+        ..., "--role", help="coordinator | build | ideate | writer | beat | gpu | worker | flower | exporter."
     ),
     name: str = typer.Option("", "--name", help="The process's name in its role (a GPU worker: its UUID)."),
     ready: bool = typer.Option(False, "--ready", help="Also require that its last beat reached Redis."),
