@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import get_args
 
 import redis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
@@ -29,12 +30,14 @@ from croqq.delivery import keys, queues
 from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeSummary
 from croqq.placement.registry import HEALTHY, OFFLINE, QUARANTINED, GpuEntry
+from croqq.store.schema import AttemptKind
 from croqq.work import progress, stats
 
 log = logging.getLogger(__name__)
 GPU_STATES = (HEALTHY, QUARANTINED, OFFLINE)
 SHAPE_STATUSES = ("pending", "active", "done", "error")
 DECISIONS = ("KEEP", "DISCARD", "FAIL", "BASELINE")
+ATTEMPT_REASONS = tuple(r for kinds in get_args(AttemptKind) for r in get_args(kinds))  # compile, agent, ...
 EVENT_COUNTERS = {  # croqq:stats field -> metric (without _total), help
     "lease_expired": ("croqq_lease_expiries", "Running steps whose lease expired and beat reclaimed."),
     "redispatch": ("croqq_redispatches", "Steps put back in their queue with a new epoch."),
@@ -158,7 +161,8 @@ def work_families(r: Reading) -> Iterator[Metric]:
         ["decision"],
         (([d.lower()], _num(c, d)) for d in DECISIONS),
     )
-    reasons = sorted(k.split(":", 1)[1] for k in c if k.startswith("attempts:"))
+    seen = {k.split(":", 1)[1] for k in c if k.startswith("attempts:")}
+    reasons = sorted(seen | set(ATTEMPT_REASONS))  # every known reason from the start: no gap in rate()
     yield _counter(
         "croqq_attempts",
         "Candidates stored as attempts (no iteration id), by reason (compile, check, agent, repeat).",
