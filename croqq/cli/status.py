@@ -29,13 +29,15 @@ def status(
     ),
 ) -> None:
     """Show where the cluster stands."""
+    import redis
+
     from croqq.cli.live import LiveProgress
-    from croqq.delivery.redis_client import connect, require_redis
+    from croqq.delivery.redis_client import make_client, redis_url, require_redis
     from croqq.work.progress import RateMeter, snapshot, submission_sids
 
     settings = load_settings()
     require_redis(settings)
-    client = connect(settings)
+    client = make_client(redis_url(settings), settings, retries=3)  # a watcher says when Redis is gone
     sids = submission_sids(client, submission)
     meter = RateMeter()
     snap = snapshot(client, sids)
@@ -47,10 +49,16 @@ def status(
     period = every or (1.0 if console.is_terminal else settings.progress_every_s)
     with LiveProgress(console, every_s=period) as progress:
         try:
+            fresh = True
             while True:
-                progress.update(snap, meter)
+                if fresh:
+                    progress.update(snap, meter)
                 time.sleep(period)
-                snap = snapshot(client, sids)
-                meter.add(snap)
+                try:
+                    snap, fresh = snapshot(client, sids), True
+                    meter.add(snap)
+                except redis.ConnectionError as exc:  # keep watching: it may come back (a restart)
+                    fresh = False
+                    console.print(f"croqq: Redis unreachable ({exc}); still trying", soft_wrap=True)
         except KeyboardInterrupt:
             pass

@@ -110,16 +110,18 @@ def submit(
             else ""
         )
     )
-    if not _wait_recorded(settings, str(report["submission"])):
+    from croqq.delivery.redis_client import connect
+    from croqq.work import intake
+
+    if not intake.wait_recorded(connect(settings), str(report["submission"])):
         typer.echo(
             f"note: the writer has not recorded {report['submission']} in the results repo within "
-            f"{RECORD_WAIT_S:.0f}s (is `croqq writer` running?); until it does, the submission lives only "
-            "in Redis",
+            f"{intake.RECORD_WAIT_S:.0f}s (is `croqq writer` running?); until it does, the submission "
+            "lives only in Redis",
             err=True,
         )
 
 
-RECORD_WAIT_S = 10.0
 RECONCILE_WAIT_S = 30.0
 
 
@@ -149,22 +151,6 @@ def _wait_reconciled(settings: Settings) -> None:
             )
             return
         time.sleep(0.2)
-
-
-def _wait_recorded(settings: Settings, submission: str) -> bool:
-    """Wait until the writer has recorded the submission in the results repo (then it survives Redis)."""
-    import time
-
-    from croqq.delivery.redis_client import connect
-    from croqq.work.intake import recorded
-
-    client = connect(settings)
-    deadline = time.monotonic() + RECORD_WAIT_S
-    while not recorded(client, submission):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def register(

@@ -48,13 +48,14 @@ def text(value: Any) -> str | None:
     return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
 
-def make_client(url: str, settings: Settings | None = None) -> redis.Redis:
+def make_client(url: str, settings: Settings | None = None, retries: int = 600) -> redis.Redis:
+    """A client that rides out a Redis restart: up to ``retries`` reconnects, backing off to 1 s apart."""
     kwargs: dict[str, object] = {}
     if url.startswith("unix://") and settings is not None and settings.redis_password is not None:
         kwargs["password"] = settings.redis_password.get_secret_value()
     if url.startswith("rediss://") and settings is not None:
         kwargs["ssl_cert_reqs"] = settings.redis_ssl_cert_reqs
-    retry = Retry(ExponentialBackoff(cap=1.0, base=0.02), retries=600)
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.02), retries=retries)
     return redis.Redis.from_url(
         url,
         decode_responses=True,

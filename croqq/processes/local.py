@@ -218,6 +218,7 @@ class LocalCluster:
         from croqq.domain.schedule import build_schedule
         from croqq.domain.shapes import parse_dims
         from croqq.placement import registry
+        from croqq.work import intake
 
         manifest = load_manifest(self.settings.manifest)
         schedule = build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)[:limit]
@@ -231,6 +232,8 @@ class LocalCluster:
             shapes=schedule,
         )
         self.runtime().intake.submit(msg)
+        if not intake.wait_recorded(self.client, msg.submission):  # as `croqq submit` does: then durable
+            log.warning("the writer has not recorded %s within %.0fs", msg.submission, intake.RECORD_WAIT_S)
         return msg.submission
 
     def snapshot(self, submission: str | None = None) -> Snapshot:

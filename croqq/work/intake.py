@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -285,3 +286,17 @@ def record_submissions(client: redis.Redis, writer: ResultsWriter) -> int:
 def recorded(client: redis.Redis, sub_id: str) -> bool:
     """True once the writer has recorded the submission in the results repo."""
     return client.zscore(keys.UNRECORDED, sub_id) is None
+
+
+RECORD_WAIT_S = 10.0  # how long `croqq submit` (and `croqq up`) wait for the writer to record a submission
+
+
+def wait_recorded(client: redis.Redis, sub_id: str, timeout_s: float = RECORD_WAIT_S) -> bool:
+    """Wait until the writer has recorded the submission in the results repo (from then on it survives a
+    Redis that forgets); False if it has not within ``timeout_s`` (no writer running?)."""
+    deadline = time.monotonic() + timeout_s
+    while not recorded(client, sub_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
