@@ -61,7 +61,7 @@ def sweep_figure(
     title: str, lines: Sequence[tuple[SweepLine, Sequence[tuple[int, ShapeData]]]], vendor: str
 ) -> str:
     """One scenario: a panel per sweep line, best and baseline TFLOPS (and the vendor's) over the size."""
-    fig = Figure(layout="constrained", figsize=(3.3 * len(lines), 2.7))
+    fig = Figure(layout="constrained", figsize=(max(3.3 * len(lines), 5.0), 2.7))  # room for the title
     axes = fig.subplots(1, len(lines), squeeze=False)[0]
     for ax, (line, pts) in zip(axes, lines, strict=True):
         _sweep_axes(ax, line, pts, vendor)
@@ -135,9 +135,13 @@ def _segment_order(name: str) -> tuple[int, str]:
     return (2, name) if name.startswith(FAIL_PREFIX) else (3, name)
 
 
+TIME_UNITS = (("seconds", 1.0, 600.0), ("minutes", 60.0, 36_000.0), ("hours", 3600.0, float("inf")))
+
+
 def duty_figure(d: Duty) -> str:
     """A heatmap: one row per GPU, one column per time bin, colour = busy fraction."""
-    hours = d.bin_s * len(d.fractions[0]) / 3600
+    span_s = d.bin_s * len(d.fractions[0])
+    unit, per = next((u, n) for u, n, most in TIME_UNITS if span_s <= most)  # the run's own scale
     fig = Figure(layout="constrained", figsize=(9.0, 1.3 + 0.28 * len(d.gpus)))
     ax = fig.subplots()
     image = ax.imshow(
@@ -147,11 +151,11 @@ def duty_figure(d: Duty) -> str:
         cmap="viridis",
         vmin=0.0,
         vmax=1.0,
-        extent=(0.0, hours, len(d.gpus) - 0.5, -0.5),
+        extent=(0.0, span_s / per, len(d.gpus) - 0.5, -0.5),
     )
     ax.set_yticks(range(len(d.gpus)), [f"{g[:20]} ({d.mean(i):.0%})" for i, g in enumerate(d.gpus)])
     ax.tick_params(labelsize=7)
     start = datetime.fromtimestamp(d.start, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    ax.set_xlabel(f"hours since {start} (bins of {d.bin_s / 60:.1f} min)", fontsize=8)
+    ax.set_xlabel(f"{unit} since {start} (bins of {d.bin_s / per:.3g} {unit})", fontsize=8)
     fig.colorbar(image, ax=ax, label="busy fraction", fraction=0.03, pad=0.01)
     return _png(fig)
