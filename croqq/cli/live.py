@@ -4,6 +4,7 @@ given, gets the same line at the same pace in both cases."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from types import TracebackType
@@ -13,6 +14,17 @@ from rich.live import Live
 
 from croqq.cli.view import progress_line, render
 from croqq.work.progress import RateMeter, Snapshot
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C and a supervisor's SIGTERM both raise KeyboardInterrupt, so a long command stops cleanly;
+    also when it was started with SIGINT ignored (a background job of a script), which Python would keep."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
 
 
 class LiveProgress:

@@ -31,7 +31,7 @@ def status(
     """Show where the cluster stands."""
     import redis
 
-    from croqq.cli.live import LiveProgress
+    from croqq.cli.live import LiveProgress, stop_on_signals
     from croqq.delivery.redis_client import make_client, redis_url, require_redis
     from croqq.work.progress import RateMeter, snapshot, submission_sids
 
@@ -47,6 +47,7 @@ def status(
         console.print(render(snap, None))
         return
     period = every or (1.0 if console.is_terminal else settings.progress_every_s)
+    stop_on_signals()
     with LiveProgress(console, every_s=period) as progress:
         try:
             fresh = True

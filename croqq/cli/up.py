@@ -11,7 +11,6 @@ killed, it stops whatever was left running (named in one line) before starting i
 
 from __future__ import annotations
 
-import signal
 import time
 
 import typer
@@ -19,6 +18,7 @@ from rich.console import Console
 
 from croqq.cli import app
 from croqq.cli.common import load_settings
+from croqq.cli.live import stop_on_signals
 from croqq.processes.local import LocalCluster
 
 
@@ -62,8 +62,7 @@ def up(
         env["CROQQ_SIM_GPUS"] = str(sim_gpus)
     cluster = LocalCluster(env, log_level)
     console = Console()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a supervisor's stop: shut down cleanly
-        signal.signal(sig, _interrupt)
+    stop_on_signals()
     interrupted = False
     cluster.start()  # refuses while a live cluster holds the run folder; stops a dead one's leftovers
     try:
@@ -87,10 +86,6 @@ def up(
         cluster.stop()
     if interrupted:
         console.print("stopped; run the same command again to resume where it stopped")
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _watch(cluster: LocalCluster, submission: str | None, exit_when_done: bool, console: Console) -> bool:
