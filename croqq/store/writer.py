@@ -348,8 +348,12 @@ class ResultsWriter:
         self.on_commit: Callable[[float], None] | None = None  # seconds of each STORE that committed
 
     def _committed(self, started: float) -> None:
-        if self.on_commit is not None:
+        if self.on_commit is None:
+            return
+        try:
             self.on_commit(time.perf_counter() - started)
+        except Exception as exc:  # a metric never fails a STORE that is already committed
+            log.warning("could not record the commit time: %s", exc)
 
     def apply(self, req: StoreRequest) -> StoreReceipt:
         """Store one iteration or attempt in one commit; a repeat is acknowledged and changes nothing."""
