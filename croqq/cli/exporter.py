@@ -28,14 +28,13 @@ def exporter(
     from croqq.monitor.exporter import make_server_for, metrics_app
     from croqq.processes import health as hc
     from croqq.processes.boot import host_name
-    from croqq.processes.webauth import is_loopback, require_logins
+    from croqq.processes.webauth import local_url, require_logins
 
     configure(log_level)
     settings = load_settings()
     logins = require_logins(settings, "exporter", address)
     server = make_server_for(address, port, metrics_app(hc.quick_client(settings), logins))
-    local = address if is_loopback(address) else "127.0.0.1"
-    serves = lambda: hc.http_problems(f"http://{local}:{port}/healthz")  # noqa: E731
+    serves = lambda: hc.http_problems(f"{local_url(address, port)}/healthz")  # noqa: E731
     hc.start_heartbeat(
         settings, hc.Reporter(settings, "exporter", f"exporter@{host_name()}", problems=serves)
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from croqq.errors import ConfigError
-from croqq.processes.webauth import Logins
+from croqq.processes.webauth import Logins, local_url
 from croqq.settings import Settings
 
 
@@ -42,12 +42,6 @@ def flower_argv(
     if read_only:
         argv.append("--read_only=True")
     return argv
-
-
-def local_url(address: str, port: int) -> str:
-    """Where this host reaches a Flower listening on ``address``."""
-    host = "127.0.0.1" if address in ("", "0.0.0.0", "::") else address
-    return f"http://{host}:{port}"
 
 
 def run_flower(settings: Settings, port: int, address: str, logins: Logins, read_only: bool = False) -> None:

@@ -36,9 +36,10 @@ class Logins:
             user, _, password = base64.b64decode(authorization[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
+        given = (user.encode(), password.encode())  # bytes: compare_digest refuses non-ASCII text
         return any(
-            hmac.compare_digest(user, u) & hmac.compare_digest(password, p)  # no short circuit
-            for u, p in self.pairs
+            hmac.compare_digest(given[0], u.encode()) & hmac.compare_digest(given[1], p.encode())
+            for u, p in self.pairs  # & : no short circuit
         )
 
 
@@ -65,6 +66,12 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address.strip("[]")).is_loopback
     except ValueError:
         return False  # a host name: it may resolve to anything
+
+
+def local_url(address: str, port: int) -> str:
+    """Where this host reaches a server listening on ``address`` (a wildcard: through loopback)."""
+    host = "127.0.0.1" if address in ("", "0.0.0.0", "::") else address
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def require_logins(settings: Settings, service: str, address: str) -> Logins:

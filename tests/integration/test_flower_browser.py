@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,12 @@ from croqq.processes.boot import host_name
 from croqq.processes.local import LocalCluster
 from croqq.processes.naming import gpu_node
 from tests.browser import Browser, browser  # noqa: F401
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "ops", "flower-test-pw"
 AUTH = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, authorization: str | None = None) -> tuple[int, bytes]:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from croqq.processes.local import LocalCluster
-from tests.integration.test_exporter import free_port
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

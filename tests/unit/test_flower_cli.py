@@ -14,14 +14,9 @@ import redis
 from croqq.processes.flower import flower_argv
 from croqq.processes.webauth import Logins
 from croqq.settings import Settings
+from tests.ports import free_port
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening(port: int) -> bool:

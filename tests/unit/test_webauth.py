@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from croqq.errors import ConfigError
-from croqq.processes.webauth import Logins, is_loopback, logins, require_logins
+from croqq.processes.webauth import Logins, is_loopback, local_url, logins, require_logins
 from croqq.settings import Settings
 
 
@@ -75,3 +75,23 @@ def test_allows_only_a_listed_pair() -> None:
     assert not found.allows("Bearer " + header("ops", "s3cret")[6:])
     assert not found.allows("Basic not-base64!")
     assert not found.allows("Basic " + base64.b64encode(b"\xff\xfe").decode())  # not UTF-8
+
+
+def test_a_header_with_non_ascii_credentials_is_refused_not_an_error() -> None:
+    found = Logins((("ops", "s3cret"),))
+    assert not found.allows(header("öps", "s3cret")) and not found.allows(header("ops", "sécret"))
+    assert Logins((("öps", "sécret"),)).allows(header("öps", "sécret"))
+
+
+@pytest.mark.parametrize(
+    ("address", "url"),
+    [
+        ("0.0.0.0", "http://127.0.0.1:9808"),  # a wildcard is reached through loopback
+        ("::", "http://127.0.0.1:9808"),
+        ("10.0.0.5", "http://10.0.0.5:9808"),  # one interface: only there
+        ("::1", "http://[::1]:9808"),
+        ("localhost", "http://localhost:9808"),
+    ],
+)
+def test_the_local_url_of_a_listening_address(address: str, url: str) -> None:
+    assert local_url(address, 9808) == url
