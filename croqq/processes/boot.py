@@ -130,13 +130,24 @@ def run_celery_worker(
         if on_exit is not None:
             on_exit()
         hb.stop()
-        registry.unregister_worker(client, node_name)
+        _forget_worker(client, node_name, queue)
         if name_lease is not None:
             name_lease.release()
         if lease is not None:
             lease.release()
         if refused.is_set():  # not restarted by supervisors: the host must be fixed first
             raise SystemExit(EXIT_CONFIG)
+
+
+def _forget_worker(client: redis.Redis, node: str, queue: str) -> None:
+    """The consumer has stopped: unregister, and mark its queue reset. A message that Redis handed over
+    while the worker shut down is dropped by Celery (celery/celery#4354, a BRPOP answer left unread), so
+    housekeeping re-publishes the steps queued before now; a duplicate is dropped at claim."""
+    try:
+        registry.unregister_worker(client, node)
+        registry.mark_queues_reset(client, [queue])
+    except redis.RedisError as exc:  # Redis away: the registry's TTL forgets the worker, reaping marks it
+        log.warning("could not unregister %s: %s", node, exc)
 
 
 def _stop_if_refused(client: redis.Redis, label: str, refused: threading.Event) -> None:

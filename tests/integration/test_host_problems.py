@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
+import redis
 
+from croqq.delivery import clock, keys
+from croqq.delivery.ledger import QUEUED, Ledger, StepRecord
+from croqq.delivery.queues import BUILD
 from croqq.processes.local import LocalCluster
+from croqq.processes.runtime import Runtime
 from croqq.processes.supervise import EXIT_CONFIG, Child
-from croqq.work import hosts
+from croqq.settings import Settings
+from croqq.work import hosts, housekeeping
+from croqq.work.advance import Advance
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +83,35 @@ def test_a_build_host_without_its_compiler_refuses_the_work_and_another_host_bui
     repo = Path(env["CROQQ_RESULTS_REPO"])
     blamed = [f for f in repo.glob("tuning/*/*/logs/*/attempts.jsonl") if "not found" in f.read_text()]
     assert blamed == []  # the host's fault was never recorded as a candidate's compile failure
+
+
+def test_a_worker_that_stops_has_the_steps_queued_for_it_published_again(
+    cluster_env: dict[str, str], redis_client: redis.Redis
+) -> None:
+    """Redis may hand a stopping worker a message that Celery then drops (celery/celery#4354): the worker
+    marks its queue reset when its consumer has stopped, and housekeeping publishes the step again."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "croqq", "build-worker"],
+        env=os.environ | cluster_env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (redis_client.exists(keys.queue_reset(BUILD)) and redis_client.zcard(keys.WORKERS)):
+            assert worker.poll() is None and time.monotonic() < deadline, "the build worker did not start"
+            time.sleep(0.1)
+        step = StepRecord(step_id="s#1", sid="s", kind="implement", epoch=0, status=QUEUED, queue=BUILD)
+        redis_client.hset(keys.step(step.step_id), mapping={k: str(v) for k, v in step.model_dump().items()})
+        redis_client.zadd(keys.QUEUED, {step.step_id: clock.now(redis_client)})  # its message: dropped
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+    published: list[StepRecord] = []
+    ledger = Ledger(redis_client, 3.0, Advance(refill=lambda uuid: 0), published.append)
+    rt = cast(Runtime, SimpleNamespace(client=redis_client, ledger=ledger, settings=Settings()))
+    assert housekeeping.republish_after_resets(rt) == 1
+    assert [s.step_id for s in published] == ["s#1"]
+    assert redis_client.zcard(keys.WORKERS) == 0  # and it left the registry
