@@ -405,18 +405,19 @@ def _synthesize(path: Path, hot: list[StoreRequest], cold_keys: list[str], depth
     writer.apply_group(hot)
     state = load_state(repo, GPU, DSL)
     lines = {key: render.state_line(key, entry) for key, entry in (state.shapes if state else {}).items()}
+    iterations = sum(r.kind == "iteration" for r in hot)
     for start in range(0, len(cold_keys), SYNTH_KEYS_PER_COMMIT):
         changes: dict[str, bytes | None] = {}
         for number, key in enumerate(cold_keys[start : start + SYNTH_KEYS_PER_COMMIT]):
             seed = SEED + start + number
             requests = list(sample_requests(GPU, DSL, [key], depth, seed, max_iter=max(150, depth + 1)))
             changes |= _key_files(requests)
+            iterations += sum(r.kind == "iteration" for r in requests)
             lines[key] = render.state_line(key, requests[-1].state)
         changes[paths.RunPaths(GPU, DSL).state_json] = render.state_text(GPU, DSL, lines).encode()
         repo.commit(changes, f"synthesized history: {len(changes)} files")
-    state = load_state(repo, GPU, DSL)
     repo.close()
-    return sum(entry.current_iter + 1 for entry in state.shapes.values()) if state else 0
+    return iterations
 
 
 def _depth_figures(work_dir: Path) -> dict[str, float]:

@@ -271,8 +271,9 @@ def _summary_row(key: str, entry: StateEntry, ckpt: Checkpoint | None) -> str:
     max_iter = str(ckpt.max_iter) if ckpt else "?"
     speedup = f"{entry.best_tflops / entry.baseline_tflops:.2f}x" if entry.baseline_tflops > 0 else "-"
     discards = str(ckpt.consecutive_discards) if ckpt else "?"
+    current = str(ckpt.current_iter) if ckpt else "?"
     return (
-        f"| {key} | {_standing(entry, ckpt)} | {entry.current_iter}/{max_iter} | {entry.best_tflops:.2f} | "
+        f"| {key} | {_standing(entry, ckpt)} | {current}/{max_iter} | {entry.best_tflops:.2f} | "
         f"{entry.baseline_tflops:.2f} | {speedup} | {discards} | `{entry.best_kernel or '-'}` |"
     )
 

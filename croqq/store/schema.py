@@ -6,9 +6,9 @@ results.tsv columns are ``RESULTS_COLUMNS`` in that order, tab-separated, with a
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile, RejectionKind
 from croqq.domain.schedule import ScheduledShape
@@ -73,10 +73,10 @@ class Checkpoint(_Schema):
 
 
 class StateEntry(_Schema):
-    """One key of state.json."""
+    """One key of state.json: what changes at a KEEP or at a change of status, not every iteration (so a
+    commit rewrites this 268-line file only then; the iteration count is the checkpoint's)."""
 
     status: Status
-    current_iter: int = Field(ge=-1)
     best_iter: int = Field(ge=-1)
     best_tflops: float = Field(ge=0)
     baseline_tflops: float = Field(ge=0)
@@ -84,6 +84,14 @@ class StateEntry(_Schema):
     mode: str
     scenarios: list[str]
     region: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """Repos written before 0.1.0's compact layout also kept ``current_iter`` here: read, dropped."""
+        if isinstance(data, dict) and "current_iter" in data:
+            data = {k: v for k, v in data.items() if k != "current_iter"}
+        return data
 
 
 def state_entry(ckpt: Checkpoint) -> StateEntry:

@@ -189,7 +189,7 @@ class _RunCheck:
         _ShapeCheck(self, key, ckpt).check()
 
     def entry_agrees(self, key: str, entry: StateEntry, ckpt: Checkpoint) -> None:
-        for name in ("status", "current_iter", "best_iter", "best_kernel", "mode"):
+        for name in ("status", "best_iter", "best_kernel", "mode"):
             mine, theirs = getattr(entry, name), getattr(ckpt, name)
             if mine != theirs:
                 self.add(

@@ -109,12 +109,7 @@ def check_request(req: StoreRequest) -> None:
     if req.checkpoint.key != req.key:
         raise _refuse(req, f"checkpoint is for {req.checkpoint.key!r}")
     ck, st = req.checkpoint, req.state
-    if (ck.status, ck.current_iter, ck.best_iter, ck.best_kernel) != (
-        st.status,
-        st.current_iter,
-        st.best_iter,
-        st.best_kernel,
-    ):
+    if (ck.status, ck.best_iter, ck.best_kernel) != (st.status, st.best_iter, st.best_kernel):
         raise _refuse(req, "state entry disagrees with the checkpoint")
     _check_names(req)
     if req.kind == "iteration":

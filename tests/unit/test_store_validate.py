@@ -91,7 +91,37 @@ def test_validate_names_a_checkpoint_that_disagrees_with_the_rows(repo: GitRepo)
     edit(repo, {path: json.dumps(record).encode()})
     found = problems(repo)
     assert any(p.startswith(f"{RUN.results_tsv(OTHER)}: holds 5 iteration(s)") for p in found), found
-    assert f"{RUN.state_json}: shapes.{OTHER}.current_iter is 4, the checkpoint says 2" in found
+
+
+def test_validate_names_a_state_entry_that_disagrees_with_the_checkpoint(repo: GitRepo) -> None:
+    state = json.loads(text(repo, RUN.state_json))
+    state["shapes"][OTHER]["best_iter"] = 7
+    edit(repo, {RUN.state_json: json.dumps(state).encode()})
+    assert f"{RUN.state_json}: shapes.{OTHER}.best_iter is 7, the checkpoint says" in " ".join(problems(repo))
+
+
+def test_state_json_changes_only_when_a_shape_keeps_or_changes_status(tmp_path: Path) -> None:
+    """No field of state.json changes every iteration: a DISCARD or an attempt leaves it as it was."""
+    repo = GitRepo(tmp_path / "results")
+    writer = ResultsWriter(repo)
+    before = b""
+    for req in sample_requests(GPU, DSL, [KEY], 30, 5, max_iter=40, attempt_rate=0.3):
+        writer.apply(req)
+        after = repo.read(RUN.state_json) or b""
+        kept = req.round is not None and req.round.decision == "KEEP"
+        if (req.round is not None and req.round.iteration == 0) or kept:
+            assert after != before
+        else:
+            assert after == before, (req.kind, req.round.decision if req.round else "attempt")
+        before = after
+
+
+def test_a_state_json_of_an_older_repo_with_current_iter_still_reads_and_validates(repo: GitRepo) -> None:
+    state = json.loads(text(repo, RUN.state_json))
+    for key, entry in state["shapes"].items():
+        entry["current_iter"] = json.loads(text(repo, RUN.checkpoint(key)))["current_iter"]
+    edit(repo, {RUN.state_json: json.dumps(state).encode()})
+    assert problems(repo) == []
 
 
 def test_validate_names_absolute_include(repo: GitRepo) -> None:
