@@ -11,8 +11,8 @@ import redis
 from croqq.delivery import keys
 from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import SubmitMessage
-from croqq.delivery.state import make_sid
-from croqq.domain.fsm import BaselineMeasured, Built, Phase, Proposed
+from croqq.delivery.state import ShapeState, make_sid
+from croqq.domain.fsm import BaselineMeasured, Built, Phase, Proposed, Stored
 from croqq.domain.manifest import load_manifest
 from croqq.domain.records import BuildOutcome, Idea, Measurement
 from croqq.domain.schedule import build_schedule
@@ -20,6 +20,7 @@ from croqq.errors import StaleStepError
 from croqq.placement import registry
 from croqq.placement.assign import Placement
 from croqq.settings import Settings
+from croqq.work import history, stats
 from croqq.work.advance import Advance
 from croqq.work.intake import Intake
 
@@ -291,3 +292,29 @@ def test_a_shape_is_stored_packed_and_read_back_whole_also_from_plain_json(clust
     state = cluster.ledger.load_shape(sid)
     assert state is not None and len(raw) < len(state.model_dump_json())
     assert ShapeState.loads(raw) == state == ShapeState.loads(state.model_dump_json())
+
+
+def test_the_store_hooks_see_the_shape_as_it_was_before_the_store(cluster: Cluster) -> None:
+    seen: list[tuple[ShapeState, ShapeState]] = []
+    cluster.ledger.advance.on_stored = [  # type: ignore[attr-defined]
+        lambda pipe, before, after, event: seen.append((before, after)),
+        stats.on_stored,
+        history.on_stored,
+    ]
+    sid = cluster.submit(1)[0]
+    step = baseline_step(cluster)
+    cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)
+    cluster.ledger.complete(step.step_id, 0, "w1", baseline_event(123.0))
+    store = cluster.take()
+    cluster.ledger.claim(store.step_id, 0, "writer", store.kind, store.sid)
+    cluster.ledger.complete(store.step_id, 0, "writer", Stored(iteration=0))
+    [(before, after)] = seen
+    assert before.loop.phase == Phase.STORE and before.loop.pending is not None
+    assert after.loop.phase != Phase.STORE and after.loop.pending is None
+    assert after.iter_exec_s == 0.0  # the next iteration's clock starts
+    assert (
+        cluster.client.hget(keys.STATS, "stored") == "1"
+        and cluster.client.hget(keys.STATS, "BASELINE") == "1"
+    )
+    [entry] = cluster.client.hvals(keys.history(sid))
+    assert '"decision":"BASELINE"' in entry and '"tflops":123.0' in entry
