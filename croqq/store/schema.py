@@ -88,7 +88,7 @@ class StateEntry(_Schema):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
-        """Repos written before 0.1.0's compact layout also kept ``current_iter`` here: read, dropped."""
+        """An older state.json also keeps ``current_iter`` in each entry: it is read and dropped."""
         if isinstance(data, dict) and "current_iter" in data:
             data = {k: v for k, v in data.items() if k != "current_iter"}
         return data
