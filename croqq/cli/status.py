@@ -50,16 +50,15 @@ def status(
     stop_on_signals()
     with LiveProgress(console, every_s=period) as progress:
         try:
-            fresh = True
+            progress.update(snap, meter)
             while True:
-                if fresh:
-                    progress.update(snap, meter)
                 time.sleep(period)
                 try:
-                    snap, fresh = snapshot(client, sids), True
-                    meter.add(snap)
+                    snap = snapshot(client, sids)
                 except redis.ConnectionError as exc:  # keep watching: it may come back (a restart)
-                    fresh = False
                     console.print(f"croqq: Redis unreachable ({exc}); still trying", soft_wrap=True)
+                    continue
+                meter.add(snap)
+                progress.update(snap, meter)
         except KeyboardInterrupt:
             pass

@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from croqq.processes.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,3 +89,35 @@ def test_up_and_status_watch_print_progress_lines_to_a_pipe(tmp_path: Path) -> N
     assert len(seen) == 3, watched.read_text()
     assert seen[2] - seen[0] > 1.5, "CROQQ_PROGRESS_EVERY_S=1: one line a second, not a flood"
     assert "\x1b[" not in watched.read_text()
+
+
+def test_status_watch_says_when_redis_is_gone_and_goes_on_when_it_is_back(
+    cluster_env: dict[str, str], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "watch.out"
+
+    def wait_for(what: Callable[[str], bool], why: str) -> None:
+        deadline = time.monotonic() + 60
+        while not what(out.read_text()):
+            assert watch.poll() is None and time.monotonic() < deadline, f"{why}: {out.read_text()[-1500:]}"
+            time.sleep(0.1)
+
+    with out.open("w") as sink:
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "croqq", "status", "--watch", "--every", "0.3"],
+            env={"PATH": "/usr/bin:/bin", **cluster_env},
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda text: "progress: " in text, "no progress line")
+        redis_server.kill()
+        wait_for(lambda text: "croqq: Redis unreachable" in text, "nothing said of the lost Redis")
+        redis_server.start()
+        gone = out.read_text().count("progress: ")
+        wait_for(lambda text: text.count("progress: ") > gone, "no progress line after Redis came back")
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=20) == 0
+    finally:
+        watch.kill()
