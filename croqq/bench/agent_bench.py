@@ -117,7 +117,7 @@ def _compile_all(clone: Path, kernels: list[Path]) -> dict[str, bool]:
 def _structural_share(clone: Path) -> float:
     changes = [
         json.loads(line).get("idea", {}) or {}
-        for path in clone.glob("tuning/*/*/memory/*/rounds.raw.jsonl")
+        for path in clone.glob("tuning/*/*/shapes/*/rounds.raw.jsonl")
         for line in path.read_text().splitlines()
     ]
     kinds = [c.get("change") for c in changes if c]

@@ -28,6 +28,7 @@ from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.shapes import Shape
 from croqq.probes.nvml import NvmlProbe, nvml_available
 from croqq.settings import PROJECT_ROOT, Settings
+from croqq.store.paths import RunPaths
 
 SHAPES = ((2048, 2048, 2048), (4096, 8192, 4096), (8192, 8192, 8192))
 SPREAD_RUNS = 10
@@ -108,7 +109,7 @@ def _tuning_loop(work: Path, build_dir: Path) -> list[str]:
         sub = cluster.submit("f16", shape=LOOP_SHAPE, max_iter=LOOP_ITERS)
         cluster.wait_done(sub, timeout_s=420)
         gpu_type = sorted({s.split("/")[0] for s in cluster.snapshot(sub).shapes})[0]
-    tsv = work / "results" / "tuning" / gpu_type / "cuda" / "logs" / f"f16_{LOOP_SHAPE}" / "results.tsv"
+    tsv = work / "results" / RunPaths(gpu_type, "cuda").results_tsv(f"f16_{LOOP_SHAPE}")
     return tsv.read_text().splitlines() if tsv.exists() else []
 
 

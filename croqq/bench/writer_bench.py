@@ -332,7 +332,7 @@ def _bytes_by_kind(repo: Path) -> dict[str, int]:
     out = {"sources": 0, "perf": 0}
     for line in sizes.splitlines():
         oid, size = line.split()
-        where = path_of.get(oid, "")
+        where = path_of.get(oid, "") + "/"  # a folder counts with what it holds
         if "/srcs/" in where or "/headers/" in where or where.startswith(paths.KERNELS + "/"):
             out["sources"] += int(size)
         elif "/perf/" in where:

@@ -60,7 +60,7 @@ def stored_iterations(repo_path: Path) -> Counter[tuple[str, str, int]]:
     rows: Counter[tuple[str, str, int]] = Counter()
     for gpu, dsl in list_runs(repo):
         run = RunPaths(gpu, dsl)
-        for key in repo.list_dir(f"{run.root}/logs"):
+        for key in repo.list_dir(run.shapes_dir):
             data = repo.read(run.results_tsv(key))
             for row in parse_tsv(data.decode()) if data else []:
                 rows[(f"{gpu}/{dsl}", key, row.iter)] += 1
@@ -90,7 +90,7 @@ def repo_problems(repo_path: Path, dsl: str | None = None) -> list[Problem]:
         if made != 1 or n != 1:
             problems.append(
                 Problem(
-                    f"tuning/{run}/logs/{key}/results.tsv",
+                    RunPaths(*run.split("/")).results_tsv(key),
                     f"iter{iteration:03d}: {n} row(s) and {made} commit(s); expected exactly one",
                 )
             )
@@ -98,7 +98,7 @@ def repo_problems(repo_path: Path, dsl: str | None = None) -> list[Problem]:
         if (run, key, iteration) not in rows:
             problems.append(
                 Problem(
-                    f"tuning/{run}/logs/{key}/results.tsv",
+                    RunPaths(*run.split("/")).results_tsv(key),
                     f"iter{iteration:03d} was committed {made} time(s) but is not in results.tsv",
                 )
             )

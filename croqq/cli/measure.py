@@ -30,8 +30,8 @@ def measure(
     source: Path | None = typer.Option(
         None,
         "--source",
-        help="A candidate source file, e.g. a stored tuning/<gpu>/<dsl>/srcs/<key>/iterNNN_<tag>.cu: its "
-        "includes are resolved next to it, so the stored headers are used (instead of --knobs).",
+        help="A candidate source file, e.g. a stored tuning/<gpu>/<dsl>/shapes/<key>/srcs/iterNNN_<tag>.cu: "
+        "its includes are resolved next to it, so the stored headers are used (instead of --knobs).",
     ),
     gpu_type: str = typer.Option(
         "", "--gpu", help="The GPU type the measurement was stored for (a label; shown in the output)."

@@ -10,7 +10,7 @@ In the results repo a candidate is stored compilable from the repo alone (:func:
 header of its closure once per distinct content under ``<run root>/headers/<hash16>/<name>``, each quoted
 include (in the candidate and in the stored headers) rewritten to the relative path of that file. The
 hash of a stored header covers its rewritten includes, so it names its whole sub-closure (a Merkle DAG):
-``nvcc <flags> srcs/<key>/iter007_x.cu`` needs no ``-I``. :func:`load_stored` is the way back, for
+``nvcc <flags> shapes/<key>/srcs/iter007_x.cu`` needs no ``-I``. :func:`load_stored` is the way back, for
 ``croqq measure --source FILE``.
 
 Pure: no I/O except reading header files through a :class:`HeaderResolver`.
@@ -227,7 +227,7 @@ def content_hash(source: str, headers: Mapping[str, str], flags: Iterable[str], 
 # -- the stored form ---------------------------------------------------------------------------------
 
 
-def _rewrite(text: str, target: Callable[[str], str | None]) -> str:
+def rewrite_includes(text: str, target: Callable[[str], str | None]) -> str:
     """Replace each quoted include whose ``target(path)`` is not None with that path."""
 
     def repl(m: re.Match[str]) -> str:
@@ -263,9 +263,9 @@ def _store_header(
     # the hash covers the includes as rewritten relative to a placeholder folder of the same depth,
     # so it does not depend on itself
     placeholder = posixpath.join(root, HEADERS_DIR, "_" * HASH_CHARS, folder_of)
-    digest = sha256(_rewrite(body, lambda p: target_for(p, placeholder)))[:HASH_CHARS]
+    digest = sha256(rewrite_includes(body, lambda p: target_for(p, placeholder)))[:HASH_CHARS]
     path = posixpath.join(root, HEADERS_DIR, digest, name)
-    files[path] = _rewrite(body, lambda p: target_for(p, posixpath.dirname(path)))
+    files[path] = rewrite_includes(body, lambda p: target_for(p, posixpath.dirname(path)))
     done[name] = path
     return path
 
@@ -289,7 +289,9 @@ def stored_files(root: str, src_path: str, source: str, headers: Mapping[str, st
     done, stored = _stored_headers(root, tuple(sorted(headers.items())))
     files = dict(stored)
     here = posixpath.dirname(src_path)
-    files[src_path] = _rewrite(source, lambda p: posixpath.relpath(done[p], here) if p in done else None)
+    files[src_path] = rewrite_includes(
+        source, lambda p: posixpath.relpath(done[p], here) if p in done else None
+    )
     return files
 
 
@@ -319,7 +321,7 @@ def load_stored(path: str, read: Callable[[str], str | None]) -> tuple[str, dict
                 headers[name] = logical(content, found)
             return name
 
-        return _rewrite(body, target)
+        return rewrite_includes(body, target)
 
     source = logical(text, path)
     return source, dict(sorted(headers.items()))

@@ -46,10 +46,8 @@ class CleanReport:
 
 
 def _run_keys(repo: GitRepo, run: paths.RunPaths) -> set[str]:
-    """Every key that has any state in a run: state.json entries, checkpoints, per-shape folders."""
-    keys = {name[: -len(".json")] for name in repo.list_dir(run.checkpoints_dir) if name.endswith(".json")}
-    for sub in ("logs", "memory", "srcs", "perf"):
-        keys.update(repo.list_dir(f"{run.root}/{sub}"))
+    """Every key that has any state in a run: its state.json entries and its folders under shapes/."""
+    keys = set(repo.list_dir(run.shapes_dir))
     try:
         state = load_state(repo, run.gpu, run.dsl)
     except InvalidRecordError:

@@ -3,17 +3,20 @@
 tuning/<gpu>/<dsl>/state.json
 tuning/<gpu>/<dsl>/submissions.jsonl
 tuning/<gpu>/<dsl>/compaction-summary.md
-tuning/<gpu>/<dsl>/logs/<key>/results.tsv
-tuning/<gpu>/<dsl>/logs/<key>/attempts.jsonl
-tuning/<gpu>/<dsl>/checkpoints/<key>.json
-tuning/<gpu>/<dsl>/memory/<key>/rounds.raw.jsonl
-tuning/<gpu>/<dsl>/memory/<key>/rounds.md
-tuning/<gpu>/<dsl>/memory/<key>/ideas.jsonl
-tuning/<gpu>/<dsl>/srcs/<key>/iter<NNN>_<tag>.<ext>
+tuning/<gpu>/<dsl>/shapes/<key>/checkpoint.json
+tuning/<gpu>/<dsl>/shapes/<key>/results.tsv
+tuning/<gpu>/<dsl>/shapes/<key>/attempts.jsonl
+tuning/<gpu>/<dsl>/shapes/<key>/rounds.raw.jsonl
+tuning/<gpu>/<dsl>/shapes/<key>/rounds.md
+tuning/<gpu>/<dsl>/shapes/<key>/ideas.jsonl
+tuning/<gpu>/<dsl>/shapes/<key>/srcs/iter<NNN>_<tag>.<ext>
+tuning/<gpu>/<dsl>/shapes/<key>/perf/timing_iter<NNN>.txt
+tuning/<gpu>/<dsl>/shapes/<key>/perf/profile_iter<NNN>.txt
 tuning/<gpu>/<dsl>/headers/<hash16>/<name>          (once per distinct header content)
-tuning/<gpu>/<dsl>/perf/<key>/timing_iter<NNN>.txt
-tuning/<gpu>/<dsl>/perf/<key>/profile_iter<NNN>.txt
 kernels/<family>_<dtype>/<key>_best.<ext>
+
+One folder per shape: a STORE changes files of one shape only, so a commit rewrites one wide tree
+(``shapes/``, one entry per shape) whatever the number of shapes, not one per kind of record.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 TUNING = "tuning"
 KERNELS = "kernels"
+LEGACY_FOLDERS = ("checkpoints", "logs", "memory", "srcs", "perf")  # the layout before shapes/
 
 
 def iter_name(iteration: int) -> str:
@@ -53,51 +57,53 @@ class RunPaths:
         return f"{self.root}/compaction-summary.md"
 
     def results_tsv(self, key: str) -> str:
-        return f"{self.root}/logs/{key}/results.tsv"
+        return f"{self.shape_dir(key)}/results.tsv"
 
     def attempts(self, key: str) -> str:
-        return f"{self.root}/logs/{key}/attempts.jsonl"
+        return f"{self.shape_dir(key)}/attempts.jsonl"
 
     def checkpoint(self, key: str) -> str:
-        return f"{self.root}/checkpoints/{key}.json"
+        return f"{self.shape_dir(key)}/checkpoint.json"
 
     @property
-    def checkpoints_dir(self) -> str:
-        return f"{self.root}/checkpoints"
+    def shapes_dir(self) -> str:
+        """The folder of every shape's folder (its names are the keys)."""
+        return f"{self.root}/shapes"
+
+    def shape_dir(self, key: str) -> str:
+        return f"{self.shapes_dir}/{key}"
 
     def rounds_raw(self, key: str) -> str:
-        return f"{self.root}/memory/{key}/rounds.raw.jsonl"
+        return f"{self.shape_dir(key)}/rounds.raw.jsonl"
 
     def rounds_md(self, key: str) -> str:
-        return f"{self.root}/memory/{key}/rounds.md"
+        return f"{self.shape_dir(key)}/rounds.md"
 
     def ideas(self, key: str) -> str:
-        return f"{self.root}/memory/{key}/ideas.jsonl"
+        return f"{self.shape_dir(key)}/ideas.jsonl"
 
     def src(self, key: str, iteration: int, tag: str, ext: str) -> str:
-        return f"{self.root}/srcs/{key}/{iter_name(iteration)}_{tag}.{ext}"
+        return f"{self.srcs_dir(key)}/{iter_name(iteration)}_{tag}.{ext}"
 
     def srcs_dir(self, key: str) -> str:
-        return f"{self.root}/srcs/{key}"
+        return f"{self.shape_dir(key)}/srcs"
 
     def timing(self, key: str, iteration: int) -> str:
-        return f"{self.root}/perf/{key}/timing_{iter_name(iteration)}.txt"
+        return f"{self.perf_dir(key)}/timing_{iter_name(iteration)}.txt"
 
     def profile(self, key: str, iteration: int) -> str:
-        return f"{self.root}/perf/{key}/profile_{iter_name(iteration)}.txt"
+        return f"{self.perf_dir(key)}/profile_{iter_name(iteration)}.txt"
 
     def perf_dir(self, key: str) -> str:
-        return f"{self.root}/perf/{key}"
+        return f"{self.shape_dir(key)}/perf"
 
     def shape_files(self, key: str) -> list[str]:
         """Every file and folder that holds one shape's state (what `croqq clean` resets)."""
-        return [
-            f"{self.root}/logs/{key}",
-            self.checkpoint(key),
-            f"{self.root}/memory/{key}",
-            self.srcs_dir(key),
-            self.perf_dir(key),
-        ]
+        return [self.shape_dir(key)]
+
+    def legacy_dirs(self) -> list[str]:
+        """The per-kind folders of the layout before ``shapes/`` (see :func:`croqq.store.layout`)."""
+        return [f"{self.root}/{name}" for name in LEGACY_FOLDERS]
 
 
 def best_kernel(family: str, dtype: str, key: str, ext: str) -> str:

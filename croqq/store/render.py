@@ -172,7 +172,8 @@ def _snapshot(label: str, snap: GpuSnapshot | None) -> str:
 
 
 def timing_text(rnd: RoundRecord) -> str:
-    """perf/<key>/timing_iterNNN.txt: the measurement's numbers and GPU snapshots, then the raw output."""
+    """shapes/<key>/perf/timing_iterNNN.txt: the measurement's numbers and GPU snapshots, then the raw
+    output."""
     cand: Measurement = rnd.measure.candidate
     header = [
         f"# {rnd.key} iter{rnd.iteration:03d} {rnd.decision}",
@@ -190,7 +191,7 @@ def timing_text(rnd: RoundRecord) -> str:
 
 
 def profile_text(rnd: RoundRecord) -> str:
-    """perf/<key>/profile_iterNNN.txt: the profile that informed this round."""
+    """shapes/<key>/perf/profile_iterNNN.txt: the profile that informed this round."""
     prof = rnd.profile
     if prof is None:
         return ""

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from croqq.errors import ConfigError, InvalidRecordError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
+from croqq.store.layout import MIGRATE_HINT
 from croqq.store.load import list_runs, load_submissions, parse_json, parse_jsonl
 from croqq.store.render import parse_tsv
 from croqq.store.schema import (
@@ -140,14 +141,13 @@ class _RunCheck:
         """Valid checkpoints by key, and the keys of every checkpoint file (valid or not)."""
         found: dict[str, Checkpoint] = {}
         files: set[str] = set()
-        for name in self.repo.list_dir(self.run.checkpoints_dir):
-            path = f"{self.run.checkpoints_dir}/{name}"
-            if not name.endswith(".json"):
-                self.add(path, "not a checkpoint (<key>.json)")
+        for key in self.repo.list_dir(self.run.shapes_dir):
+            path = self.run.checkpoint(key)
+            data = self.repo.read(path)
+            if data is None:
                 continue
-            key = name[: -len(".json")]
             files.add(key)
-            ckpt = self._parse(key, parse_json, self.repo.read(path) or b"", Checkpoint, path)
+            ckpt = self._parse(key, parse_json, data, Checkpoint, path)
             if ckpt is not None and ckpt.key != key:
                 self.add(path, f"holds the checkpoint of {ckpt.key!r}", key)
             elif ckpt is not None:
@@ -155,18 +155,27 @@ class _RunCheck:
         return found, files
 
     def shape_dirs(self) -> dict[str, str]:
-        """Key -> the first per-shape folder found for it (logs/, memory/, srcs/, perf/)."""
+        """Key -> its folder under shapes/ (a file there is a problem)."""
         found: dict[str, str] = {}
-        for sub in ("logs", "memory", "srcs", "perf"):
-            for name in self.repo.list_dir(f"{self.run.root}/{sub}"):
-                found.setdefault(name, f"{self.run.root}/{sub}/{name}")
+        for name in self.repo.list_dir(self.run.shapes_dir):
+            path = self.run.shape_dir(name)
+            if self.repo.is_dir(path):
+                found[name] = path
+            else:
+                self.add(path, "not a shape's folder (shapes/<key>/)")
         return found
+
+    def legacy(self) -> None:
+        for folder in self.run.legacy_dirs():
+            if self.repo.exists(folder):
+                self.add(folder, f"a folder of the layout before shapes/; {MIGRATE_HINT}")
 
     def check(self) -> list[Problem]:
         state = self.state()
         entries = state.shapes if state else {}
         ckpts, ckpt_files = self.checkpoints()
         dirs = self.shape_dirs()
+        self.legacy()
         for key in sorted(set(entries) | ckpt_files | set(dirs)):
             if entries.get(key) is None and key not in ckpt_files:
                 self.add(dirs[key], "files of a shape with neither checkpoint nor state entry", key)

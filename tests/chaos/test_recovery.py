@@ -14,9 +14,11 @@ import redis
 from croqq.chaos.invariants import repo_problems
 from croqq.delivery import keys
 from croqq.processes.local import LocalCluster
+from croqq.store.paths import RunPaths
 
 pytestmark = pytest.mark.chaos
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 
 
@@ -31,7 +33,7 @@ def stored(client: redis.Redis) -> int:
 
 
 def checkpoint(repo: Path, key: str) -> dict[str, object]:
-    return json.loads((repo / RUN / "checkpoints" / f"{key}.json").read_text())
+    return json.loads((repo / PATHS.checkpoint(key)).read_text())
 
 
 def test_cold_start_rebuilds_from_the_repo_and_finishes_with_every_invariant(
@@ -67,15 +69,15 @@ def git(repo: Path, *args: str) -> None:
 def damage(repo: Path, keys_: list[str]) -> None:
     """Commit four kinds of damage (as a careless hand edit would) to four shapes."""
     a, b, c, d = keys_
-    tsv = repo / RUN / "logs" / a / "results.tsv"
+    tsv = repo / PATHS.results_tsv(a)
     tsv.write_text(tsv.read_text()[:-25])  # truncated mid-row
-    ckpt_path = repo / RUN / "checkpoints" / f"{b}.json"
+    ckpt_path = repo / PATHS.checkpoint(b)
     ckpt = json.loads(ckpt_path.read_text())
     ckpt["best_kernel"] = "../../outside/best.cu"
     ckpt_path.write_text(json.dumps(ckpt, indent=2))
-    src = next((repo / RUN / "srcs" / c).iterdir())
+    src = next((repo / PATHS.srcs_dir(c)).iterdir())
     src.write_text('#include "/usr/include/stdio.h"\n' + src.read_text())
-    (repo / RUN / "checkpoints" / f"{d}.json").unlink()
+    (repo / PATHS.checkpoint(d)).unlink()
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=careless", "-c", "user.email=c@x", "commit", "-qm", "hand edit")
 

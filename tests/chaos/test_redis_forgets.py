@@ -24,9 +24,11 @@ from croqq.delivery import keys
 from croqq.delivery.state import ShapeSummary
 from croqq.processes.local import LocalCluster
 from croqq.processes.redis_server import RedisServer
+from croqq.store.paths import RunPaths
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
 SHAPES, ITERS = 6, 8
 
 
@@ -119,11 +121,11 @@ def assert_nothing_lost(env: dict[str, str], shapes: dict[str, ShapeSummary]) ->
     state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
     assert len(state) == SHAPES
     assert all(e["status"] == "done" for e in state.values()), state
-    ckpts = [json.loads((repo / RUN / "checkpoints" / f"{k}.json").read_text()) for k in state]
+    ckpts = [json.loads((repo / PATHS.checkpoint(k)).read_text()) for k in state]
     assert all(c["current_iter"] == ITERS for c in ckpts), ckpts
     for sid, summary in shapes.items():  # Redis and the files agree
         key = sid.rsplit("/", 1)[1]
-        ckpt = json.loads((repo / RUN / "checkpoints" / f"{key}.json").read_text())
+        ckpt = json.loads((repo / PATHS.checkpoint(key)).read_text())
         assert (summary.current_iter, summary.best_tflops) == (
             ckpt["current_iter"],
             round(ckpt["best_tflops"], 3),

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 
 from croqq.chaos.invariants import repo_problems, stored_iterations
+from croqq.store.paths import RunPaths
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
 SHAPES, MAX_ITER = 8, 15
 SHORT_MAX_ITER = 6  # killing the supervisor once needs less work to land mid-run
 KINDS = {"redis", "coordinator", "writer", "beat", "build-worker", "ideate-worker", "gpu-worker", "pool"}
@@ -131,7 +133,7 @@ def assert_nothing_lost(root: Path, max_iter: int = MAX_ITER) -> None:
     state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
     assert len(state) == SHAPES
     assert all(e["status"] == "done" for e in state.values()), state
-    ckpts = [json.loads((repo / RUN / "checkpoints" / f"{k}.json").read_text()) for k in state]
+    ckpts = [json.loads((repo / PATHS.checkpoint(k)).read_text()) for k in state]
     assert all(c["current_iter"] == max_iter for c in ckpts), ckpts
     done = subprocess.run(
         [sys.executable, "-m", "croqq", "validate", "--dsl", "all"],

@@ -15,11 +15,13 @@ from croqq.delivery import keys
 from croqq.delivery.queues import BUILD, TASK_BUILD
 from croqq.processes.app import make_app
 from croqq.processes.local import LocalCluster
+from croqq.store.paths import RunPaths
 from croqq.store.render import parse_tsv
 from croqq.store.validate import validate_repo
 
 pytestmark = pytest.mark.slow
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -43,7 +45,7 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
     for key, entry in state.items():
         rows = parse_tsv((repo / RUN / "logs" / key / "results.tsv").read_text())
         assert [r.iter for r in rows] == [0, 1, 2, 3, 4]
-        ckpt = json.loads((repo / RUN / "checkpoints" / f"{key}.json").read_text())
+        ckpt = json.loads((repo / PATHS.checkpoint(key)).read_text())
         assert (ckpt["current_iter"], ckpt["status"], entry["status"]) == (4, "done", "done")
         best = rows[ckpt["best_iter"]]
         assert (

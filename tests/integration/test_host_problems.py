@@ -81,7 +81,7 @@ def test_a_build_host_without_its_compiler_refuses_the_work_and_another_host_bui
     log = (logs / "build-broken.log").read_text()
     assert "stops taking work" in log
     repo = Path(env["CROQQ_RESULTS_REPO"])
-    blamed = [f for f in repo.glob("tuning/*/*/logs/*/attempts.jsonl") if "not found" in f.read_text()]
+    blamed = [f for f in repo.glob("tuning/*/*/shapes/*/attempts.jsonl") if "not found" in f.read_text()]
     assert blamed == []  # the host's fault was never recorded as a candidate's compile failure
 
 

@@ -15,6 +15,7 @@ from croqq.domain.manifest import load_manifest
 from croqq.domain.shapes import parse_key
 from croqq.domain.source import stored_files
 from croqq.settings import Settings
+from croqq.store.paths import RunPaths
 from croqq.work.persist import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ def test_stored_run_command_measures_the_same_candidate_from_the_repo_alone(tmp_
     knobs = seed_knobs(manifest, "cuda", "f16", "reference") | {"STAGES": 5}
     cand = knob_candidate(manifest, Settings(), "cuda", shape, knobs)
     root = f"tuning/{_State.gpu_type}/cuda"
-    kernel = f"{root}/srcs/{shape.key}/iter001_stages5.cu"
+    kernel = RunPaths(_State.gpu_type, "cuda").src(shape.key, 1, "stages5", "cu")
     repo = tmp_path / "results"
     for path, text in stored_files(root, kernel, cand.source, cand.headers).items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)

@@ -57,12 +57,12 @@ def test_an_include_outside_the_include_folders_is_a_source_error() -> None:
 
 def test_stored_files_are_content_addressed_and_read_back_to_the_same_candidate(tmp_path: Path) -> None:
     cand = reference()
-    kernel = f"{RUN}/srcs/{SHAPE.key}/iter003_x.cu"
+    kernel = f"{RUN}/shapes/{SHAPE.key}/srcs/iter003_x.cu"
     files = src.stored_files(RUN, kernel, cand.source, cand.headers)
     headers = sorted(p for p in files if p != kernel)
     assert len(headers) == 3 and all(p.startswith(f"{RUN}/headers/") for p in headers)
-    assert '#include "../../headers/' in files[kernel]
-    again = src.stored_files(RUN, f"{RUN}/srcs/{SHAPE.key}/iter004_y.cu", cand.source, cand.headers)
+    assert '#include "../../../headers/' in files[kernel]
+    again = src.stored_files(RUN, f"{RUN}/shapes/{SHAPE.key}/srcs/iter004_y.cu", cand.source, cand.headers)
     assert sorted(p for p in again if "/headers/" in p) == headers  # once per distinct content
     edited = {**cand.headers, "gemm_core.cuh": cand.headers["gemm_core.cuh"] + "\n"}
     changed = src.stored_files(RUN, kernel, cand.source, edited)
@@ -79,7 +79,7 @@ def test_stored_files_are_content_addressed_and_read_back_to_the_same_candidate(
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (CUDA toolkit)")
 def test_a_stored_candidate_compiles_from_the_repo_alone(tmp_path: Path) -> None:
     cand = reference()
-    kernel = f"{RUN}/srcs/{SHAPE.key}/iter000_baseline.cu"
+    kernel = f"{RUN}/shapes/{SHAPE.key}/srcs/iter000_baseline.cu"
     for path, text in src.stored_files(RUN, kernel, cand.source, cand.headers).items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
