@@ -51,7 +51,8 @@ def _files(repo: GitRepo, folder: str) -> Iterator[str]:
 
 
 def _new_path(run: paths.RunPaths, path: str) -> str | None:
-    """Where an old-layout file goes (None: not a shape's file; it stays, and validate names it)."""
+    """Where an old-layout file goes (None: not a shape's file; it stays, and validate names it). A shape
+    that has a folder under shapes/ already keeps it: its old files stay too (nothing is overwritten)."""
     sub, _, rest = path[len(run.root) + 1 :].partition("/")
     key, _, inner = rest.partition("/")
     if sub == "checkpoints":
@@ -72,11 +73,12 @@ def _source_paths(run: paths.RunPaths) -> tuple[re.Pattern[bytes], bytes]:
 def migration(repo: GitRepo, run: paths.RunPaths) -> Changes:
     """The changes that move one run to the new layout."""
     pattern, replacement = _source_paths(run)
+    moved = {run.shape_dir(key) + "/" for key in repo.list_dir(run.shapes_dir)}
     moves = {
         old: new
         for sub in (*_SPREAD, *_NESTED, "checkpoints")
         for old in _files(repo, f"{run.root}/{sub}")
-        if (new := _new_path(run, old)) is not None
+        if (new := _new_path(run, old)) is not None and not new.startswith(tuple(moved))
     }
     changes: Changes = {}
     for old, new in moves.items():

@@ -143,9 +143,16 @@ def test_validate_names_the_old_layout_and_migrate_leaves_the_new_one_alone(repo
     assert layout.migrate(repo) is None and repo.head() == first
 
 
-def test_a_stray_file_of_the_old_layout_stays_and_validate_still_names_its_folder(repo: GitRepo) -> None:
+def test_what_is_no_shape_s_file_or_would_overwrite_one_stays_and_validate_names_its_folder(
+    repo: GitRepo,
+) -> None:
     stray = f"{OLD}/checkpoints/README"
-    repo.commit({stray: b"notes\n"}, "a file that is no shape's")
+    key = _old_keys(repo)[0]
+    mine = RUN.checkpoint(key)
+    repo.commit({stray: b"notes\n", mine: b"{}\n"}, "a file that is no shape's, a shape already moved")
     layout.migrate(repo)
     assert repo.read(stray) == b"notes\n"  # nothing that is not a shape's file is lost
-    assert [p.path for p in validate_tip(repo, None)] == [f"{OLD}/checkpoints"]
+    assert repo.read(mine) == b"{}\n" and repo.exists(f"{OLD}/checkpoints/{key}.json")  # nor overwritten
+    assert repo.exists(f"{OLD}/logs/{key}/results.tsv") and not repo.exists(RUN.results_tsv(key))
+    legacy = {p.path for p in validate_tip(repo, None) if "layout before shapes/" in p.reason}
+    assert legacy == {f"{OLD}/{sub}" for sub in ("checkpoints", "logs", "memory", "srcs", "perf")}
