@@ -15,17 +15,19 @@ import pytest
 
 from croqq.delivery import keys
 from croqq.processes.local import LocalCluster
+from croqq.store.paths import RunPaths
 from croqq.store.render import parse_tsv
 from croqq.store.validate import validate_repo
 from croqq.work import agents
 
 pytestmark = pytest.mark.slow
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
 AGENT = {"CROQQ_PROPOSER": "agent", "CROQQ_AGENT": "scripted"}
 
 
 def _rounds(repo: Path, key: str) -> list[dict[str, object]]:
-    text = (repo / RUN / "memory" / key / "rounds.raw.jsonl").read_text()
+    text = (repo / PATHS.rounds_raw(key)).read_text()
     return [json.loads(line) for line in text.splitlines()]
 
 
@@ -40,7 +42,7 @@ def test_the_scripted_agent_tunes_sources_end_to_end(cluster_env: dict[str, str]
     repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
     changes: set[str] = set()
     for key in json.loads((repo / RUN / "state.json").read_text())["shapes"]:
-        rows = parse_tsv((repo / RUN / "logs" / key / "results.tsv").read_text())
+        rows = parse_tsv((repo / PATHS.results_tsv(key)).read_text())
         assert [r.iter for r in rows] == list(range(9))
         assert all("--source" in r.run_command and r.kernel in r.run_command for r in rows)
         for rnd in _rounds(repo, key)[1:]:
@@ -50,7 +52,7 @@ def test_the_scripted_agent_tunes_sources_end_to_end(cluster_env: dict[str, str]
             changes.add(str(idea["change"]))
         for row in rows:
             text = (repo / row.kernel).read_text()
-            assert '#include "../../headers/' in text  # its headers are in the repo
+            assert '#include "../../../headers/' in text  # its headers are in the repo
     assert changes == {"knobs", "structural"}  # two knob-only changes in a row ask for a structural one
     assert validate_repo(repo, None) == []
 
@@ -111,8 +113,8 @@ def test_a_failing_agent_is_backed_off_reported_and_its_shapes_wait(
     attempts = [
         json.loads(line)
         for key in json.loads((repo / RUN / "state.json").read_text())["shapes"]
-        if (repo / RUN / "logs" / key / "attempts.jsonl").exists()
-        for line in (repo / RUN / "logs" / key / "attempts.jsonl").read_text().splitlines()
+        if (repo / PATHS.attempts(key)).exists()
+        for line in (repo / PATHS.attempts(key)).read_text().splitlines()
     ]
     assert attempts and all(a["kind"] == "agent" and "exited 7" in a["reason"] for a in attempts)
     assert all(a["reason"].startswith("agent command") and a["agent"]["exit_code"] == 7 for a in attempts)

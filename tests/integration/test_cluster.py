@@ -43,7 +43,7 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
     state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
     assert len(state) == 3
     for key, entry in state.items():
-        rows = parse_tsv((repo / RUN / "logs" / key / "results.tsv").read_text())
+        rows = parse_tsv((repo / PATHS.results_tsv(key)).read_text())
         assert [r.iter for r in rows] == [0, 1, 2, 3, 4]
         ckpt = json.loads((repo / PATHS.checkpoint(key)).read_text())
         assert (ckpt["current_iter"], ckpt["status"], entry["status"]) == (4, "done", "done")
@@ -53,7 +53,7 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
             and ckpt["best_tflops"] == entry["best_tflops"] == best.tflops
         )
         assert all(r.decision != "KEEP" for r in rows[best.iter + 1 :])
-        rounds = (repo / RUN / "memory" / key / "rounds.raw.jsonl").read_text().splitlines()
+        rounds = (repo / PATHS.rounds_raw(key)).read_text().splitlines()
         assert [json.loads(line)["iteration"] for line in rounds] == [0, 1, 2, 3, 4]
         measures = [json.loads(line)["measure"] for line in rounds]  # each GPU step's interval (croqq report)
         assert all(m["gpu_started_at"] > 0 and m["gpu_busy_s"] > 0 for m in measures)

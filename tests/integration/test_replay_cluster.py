@@ -14,6 +14,7 @@ import pytest
 
 from croqq.backends.landscape import load_landscape
 from croqq.processes.local import LocalCluster
+from croqq.store.paths import RunPaths
 from croqq.store.render import parse_tsv
 from croqq.store.validate import validate_repo
 
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.slow
 XGEMM = Path(__file__).resolve().parents[2] / "landscapes" / "xgemm_4096_rtx2080ti.kerneltuner.json.gz"
 KEY = "f16_4096x4096x4096"
 RUN = "tuning/sm90_Simulated_H100_SXM/replay"
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "replay")
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 
 
@@ -37,7 +39,7 @@ def test_a_replay_cluster_tunes_a_shape_on_the_recorded_landscape(
         snap = cluster.wait_done(submission.group(1), timeout_s=180)
         assert snap.total.done == 1 and snap.total.iters_done == 11
     repo = Path(env["CROQQ_RESULTS_REPO"])
-    rows = parse_tsv((repo / RUN / "logs" / KEY / "results.tsv").read_text())
+    rows = parse_tsv((repo / PATHS.results_tsv(KEY)).read_text())
     assert [r.iter for r in rows] == list(range(11)) and rows[0].decision == "BASELINE"
     landscape = load_landscape(XGEMM)
     worst, best = max(r.time_ms for r in landscape.records.values()), landscape.optimum[1]
@@ -45,11 +47,9 @@ def test_a_replay_cluster_tunes_a_shape_on_the_recorded_landscape(
     for row in rows:
         if row.decision in ("BASELINE", "KEEP", "DISCARD"):
             assert flops / (worst * 1.5e9) <= row.tflops <= flops / (best * 0.5e9)  # a recorded time
-    attempts = [
-        json.loads(line) for line in (repo / RUN / "logs" / KEY / "attempts.jsonl").read_text().splitlines()
-    ]
+    attempts = [json.loads(line) for line in (repo / PATHS.attempts(KEY)).read_text().splitlines()]
     assert attempts and all("not in the recorded landscape" in json.dumps(a) for a in attempts)
-    srcs = sorted((repo / RUN / "srcs" / KEY).glob("iter*.h"))
+    srcs = sorted((repo / PATHS.srcs_dir(KEY)).glob("iter*.h"))
     assert len(srcs) == 11 and "#define MWG" in srcs[0].read_text()
     assert validate_repo(repo, "replay") == []
     check = croqq(env, "validate", "--dsl", "replay")

@@ -151,6 +151,18 @@ def test_validate_names_a_missing_best_kernel(repo: GitRepo) -> None:
     assert f"{RUN.checkpoint(OTHER)}: best_kernel '{ckpt['best_kernel']}' does not exist" in found
 
 
+def test_validate_names_a_file_where_a_shape_s_folder_belongs(repo: GitRepo) -> None:
+    edit(repo, {f"{RUN.shapes_dir}/notes.txt": b"a file\n"})
+    assert problems(repo) == [f"{RUN.shapes_dir}/notes.txt: not a shape's folder (shapes/<key>/)"]
+
+
+def test_validate_names_files_of_a_shape_without_a_checkpoint(repo: GitRepo) -> None:
+    path = RUN.checkpoint(OTHER)
+    edit(repo, {path: None, RUN.state_json: text(repo, RUN.state_json).replace(OTHER, "x").encode()})
+    found = problems(repo)
+    assert f"{RUN.shape_dir(OTHER)}: files of a shape with neither checkpoint nor state entry" in found, found
+
+
 def test_validate_names_state_entry_without_checkpoint(repo: GitRepo) -> None:
     edit(repo, {RUN.checkpoint(OTHER): None})
     assert f"{RUN.state_json}: shapes.{OTHER}: state entry without checkpoint" in problems(repo)
