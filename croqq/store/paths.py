@@ -102,7 +102,7 @@ class RunPaths:
         return [self.shape_dir(key)]
 
     def legacy_dirs(self) -> list[str]:
-        """The per-kind folders of the layout before ``shapes/`` (see :func:`croqq.store.layout`)."""
+        """The per-kind folders of the layout before ``shapes/`` (see :mod:`croqq.store.layout`)."""
         return [f"{self.root}/{name}" for name in LEGACY_FOLDERS]
 
 
