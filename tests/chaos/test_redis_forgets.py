@@ -183,7 +183,8 @@ def test_redis_flushall_mid_run_rebuilds_every_submitted_shape_from_git(
     env: dict[str, str], forgetful: ForgetfulRedis
 ) -> None:
     client = forgetful.client(retries=10)
-    with LocalCluster(env) as cluster:
+    one_each = {"CROQQ_PIPELINE_DEPTH_MODE": "fixed", "CROQQ_PIPELINE_DEPTH": "1"}  # 3 shapes at a time
+    with LocalCluster(env | one_each) as cluster:
         cluster.wait_gpus()
         cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
         wait_stored(cluster, client, 3)  # some shapes have not even started: only the submission has them
