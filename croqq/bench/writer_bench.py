@@ -37,7 +37,8 @@ Repo size (issue 12, part 5), :func:`compaction`:
   ``sweep_bytes_per_iter`` that over the iterations, ``sweep_records_bytes_per_iter`` the same without
   candidate sources (srcs/, headers/, kernels/) and raw timing/profile text (perf/), which are
   ``sweep_sources_bytes_per_iter`` and ``sweep_perf_bytes_per_iter`` (each object's size in its pack,
-  from ``git cat-file --batch-check``; pack headers and indexes count as records). Each figure has a
+  from ``git cat-file --batch-check``; a folder counts with what it holds; pack headers and indexes count
+  as records). Each figure has a
   ``baseline_`` twin: the same sweep in the same run with the code of ``BASELINE_COMMIT`` (unpacked
   with ``git archive``; the writer before compaction), run in a child interpreter;
 - ``compact_commit_ms_at_100`` / ``_10k`` / ``_100k``: mean ms per commit of the measured stream (as

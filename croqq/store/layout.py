@@ -30,8 +30,7 @@ from croqq.store.load import list_runs
 log = logging.getLogger(__name__)
 
 MIGRATE_HINT = "the writer (`croqq writer`, or `croqq up`) moves it to shapes/<key>/ when it starts"
-_SPREAD = ("logs", "memory")  # their files land in shapes/<key>/ itself
-_NESTED = ("srcs", "perf")  # shapes/<key>/srcs/, shapes/<key>/perf/
+_SPREAD = ("logs", "memory")  # their files land in shapes/<key>/ itself; srcs/ and perf/ keep their name
 _RECORDS = (".json", ".jsonl", ".tsv", ".md")
 
 
@@ -73,12 +72,12 @@ def _source_paths(run: paths.RunPaths) -> tuple[re.Pattern[bytes], bytes]:
 def migration(repo: GitRepo, run: paths.RunPaths) -> Changes:
     """The changes that move one run to the new layout."""
     pattern, replacement = _source_paths(run)
-    moved = {run.shape_dir(key) + "/" for key in repo.list_dir(run.shapes_dir)}
+    moved = tuple(run.shape_dir(key) + "/" for key in repo.list_dir(run.shapes_dir))
     moves = {
         old: new
-        for sub in (*_SPREAD, *_NESTED, "checkpoints")
-        for old in _files(repo, f"{run.root}/{sub}")
-        if (new := _new_path(run, old)) is not None and not new.startswith(tuple(moved))
+        for folder in run.legacy_dirs()
+        for old in _files(repo, folder)
+        if (new := _new_path(run, old)) is not None and not new.startswith(moved)
     }
     changes: Changes = {}
     for old, new in moves.items():
