@@ -7,9 +7,11 @@ figures). Redis's own counters over each batch (INFO commandstats, total_net_inp
 used_cpu_sys + used_cpu_user), minus the idle cluster's rate over the same time, give commands, bytes and
 CPU seconds per stored iteration. At real cadence two costs that a zero-time run hides are added:
 
-- step heartbeats: a running step renews its lease every TTL/4, so an iteration makes
-  :func:`heartbeats_per_iteration` of them at the sim's real step durations, each priced by timing
-  ``Ledger.heartbeat`` alone on the same server;
+- step heartbeats: a running step's lease is renewed every TTL/4, so an iteration makes
+  :func:`heartbeats_per_iteration` renewals at the sim's real step durations. A process renews all the
+  steps it runs in one call, so in a busy fleet an ideate worker renews ``ideate_concurrency`` steps per
+  call and a GPU worker or prefork build child one (:func:`heartbeat_calls`); each call is priced by
+  timing ``Ledger.heartbeat`` on that many running steps on the same server;
 - idle traffic: the idle cluster's rate is measured for ``IDLE_S`` after each batch, then with its GPU
   workers stopped; the difference over ``GPUS`` is one GPU's own (its worker's heartbeats and polling),
   the rest is shared (coordinator, beat, writer, build and ideate workers).
@@ -131,9 +133,9 @@ def chain_plan(counts: dict[str, int], chains: int, chain: int) -> str:
     return "".join(letter for *_, letter in sorted(hops))
 
 
-def heartbeats_per_iteration(steps_per_iter: dict[str, float], lease_ttl_s: float) -> float:
-    """Lease renewals a stored iteration's steps make at real step durations (the sim's defaults), one
-    every TTL/4 while a step runs."""
+def _renewals(steps_per_iter: dict[str, float], lease_ttl_s: float) -> dict[str, float]:
+    """Per kind: the lease renewals a stored iteration's steps make at real step durations (the sim's
+    defaults), one every TTL/4 while a step runs."""
     from croqq.settings import Settings
 
     s = Settings()
@@ -144,7 +146,35 @@ def heartbeats_per_iteration(steps_per_iter: dict[str, float], lease_ttl_s: floa
         "baseline": s.sim_measure_s,
         "profile": s.sim_profile_s,
     }
-    return sum(n * seconds.get(kind, 0.0) for kind, n in steps_per_iter.items()) / (lease_ttl_s / 4)
+    return {kind: n * seconds.get(kind, 0.0) / (lease_ttl_s / 4) for kind, n in steps_per_iter.items()}
+
+
+def heartbeats_per_iteration(steps_per_iter: dict[str, float], lease_ttl_s: float) -> float:
+    """Lease renewals per stored iteration (:func:`_renewals`, all kinds)."""
+    return sum(_renewals(steps_per_iter, lease_ttl_s).values())
+
+
+def heartbeat_batch(kind: str) -> int:
+    """How many steps of ``kind`` one process renews per heartbeat call in a busy fleet: an ideate
+    worker's threads (``ideate_concurrency``), a build worker's with the thread pool
+    (``build_concurrency``; a prefork child runs one), one on a GPU worker."""
+    from croqq.settings import Settings
+
+    s = Settings()
+    if kind == "ideate":
+        return s.ideate_concurrency
+    if kind == "implement" and s.build_pool == "threads":
+        return s.build_concurrency
+    return 1
+
+
+def heartbeat_calls(steps_per_iter: dict[str, float], lease_ttl_s: float) -> dict[int, float]:
+    """Heartbeat calls per stored iteration, by the number of steps each renews."""
+    calls: dict[int, float] = {}
+    for kind, renewals in _renewals(steps_per_iter, lease_ttl_s).items():
+        batch = heartbeat_batch(kind)
+        calls[batch] = calls.get(batch, 0.0) + renewals / batch
+    return {b: n for b, n in calls.items() if n > 0}
 
 
 # -- processes and counters -------------------------------------------------------------------------
@@ -219,6 +249,10 @@ class RedisCounters:
         calls = {k[len("cmdstat_") :]: float(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_")}
         net = float(info["total_net_input_bytes"] + info["total_net_output_bytes"])
         return cls(calls, net, float(info["used_cpu_sys"] + info["used_cpu_user"]))
+
+    def __add__(self, other: RedisCounters) -> RedisCounters:
+        calls = {k: self.calls.get(k, 0.0) + other.calls.get(k, 0.0) for k in {*self.calls, *other.calls}}
+        return RedisCounters(calls, self.net_bytes + other.net_bytes, self.cpu_s + other.cpu_s)
 
     def __sub__(self, other: RedisCounters) -> RedisCounters:
         calls = {k: v - other.calls.get(k, 0.0) for k, v in self.calls.items()}
@@ -410,21 +444,26 @@ def writer_commit_s(work: Path) -> dict[str, float]:
     }
 
 
-def heartbeat_cost(server: Any, count: int = HEARTBEATS) -> RedisCounters:
-    """Redis's cost of one step heartbeat (``Ledger.heartbeat`` on a running step), one per round trip."""
+def heartbeat_cost(server: Any, batch: int = 1, count: int = HEARTBEATS) -> RedisCounters:
+    """Redis's cost of one heartbeat call (``Ledger.heartbeat``) renewing ``batch`` running steps, one
+    call per round trip."""
     from croqq.delivery import keys
     from croqq.delivery.ledger import Ledger
 
     client = server.client()
     ledger = Ledger(client, 10.0, advance=None)  # type: ignore[arg-type]
-    step = "f16_4096x8192x4096#12.0123456789ab"
-    client.hset(keys.step(step), mapping={"status": "running", "owner": "bench"})
-    client.zadd(keys.RUNNING, {step: 0})
-    ledger.heartbeat(step, "bench")  # the clock's first TIME and the script's load stay out
+    steps = [f"f16_4096x8192x4096#{12 + i}.0123456789ab" for i in range(batch)]
+    for step in steps:
+        client.hset(keys.step(step), mapping={"status": "running", "owner": "bench"})
+        client.zadd(keys.RUNNING, {step: 0})
+    ledger.heartbeat(steps, "bench")  # the clock's first TIME and the script's load stay out
     before = RedisCounters.read(client)
     for _ in range(count):
-        ledger.heartbeat(step, "bench")
-    return (RedisCounters.read(client) - before).scaled(1.0 / count)
+        ledger.heartbeat(steps, "bench")
+    cost = (RedisCounters.read(client) - before).scaled(1.0 / count)
+    client.delete(*(keys.step(step) for step in steps))
+    client.zrem(keys.RUNNING, *steps)
+    return cost
 
 
 @dataclass
@@ -434,7 +473,7 @@ class RedisSide:
     iterations: RedisCounters  # per stored iteration, idle traffic apart
     idle: RedisCounters  # per second, the whole idle cluster
     shared: RedisCounters = field(default_factory=RedisCounters)  # the same without its GPU workers
-    beat: RedisCounters = field(default_factory=RedisCounters)  # one step heartbeat, alone
+    beats: dict[int, RedisCounters] = field(default_factory=dict)  # one heartbeat call, by steps renewed
     store_s: float = 0.0  # the store step's median wall time (claim to completion)
 
 
@@ -449,12 +488,15 @@ def _batch(cluster: Any, client: Any, dtype: str) -> tuple[RedisCounters, float]
     return RedisCounters.read(client) - before, time.monotonic() - t0
 
 
-def capacity_run(work: Path, server: Any) -> tuple[dict[str, RedisSide], dict[str, float], int]:
+def capacity_run(
+    work: Path, server: Any, batches: tuple[int, ...] = (1,)
+) -> tuple[dict[str, RedisSide], dict[str, float], int]:
     """The cluster stores a batch under each AOF fsync policy (``always``, the product's, and
     ``everysec``: one fsync a second in a background thread, what the brief allows with reconciliation
     from git; it also shows Redis's cost once many clients share each event loop cycle's fsync), with the
-    idle rates after each; then its GPU workers stop and the shared idle rates follow. Returns the costs
-    per policy, the steps per stored iteration and the stores per iteration."""
+    idle rates after each; then its GPU workers stop and the shared idle rates follow; then a heartbeat
+    call renewing each of ``batches`` steps is priced. Returns the costs per policy, the steps per stored
+    iteration and the stores per iteration."""
     from croqq.processes.local import LocalCluster
 
     client = server.client()
@@ -476,7 +518,7 @@ def capacity_run(work: Path, server: Any) -> tuple[dict[str, RedisSide], dict[st
             sides[policy].shared = _idle_rate(client, IDLE_S)
     for policy, dtype in (("always", "f16"), ("everysec", "e4m3")):
         client.config_set("appendfsync", policy)
-        sides[policy].beat = heartbeat_cost(server)
+        sides[policy].beats = {b: heartbeat_cost(server, b) for b in batches}
         stores = [r for r in records if r["kind"] == "store" and f"/{dtype}_" in r["sid"]]
         sides[policy].store_s = statistics.median(
             float(r["finished_at"]) - float(r["started_at"]) for r in stores
@@ -486,11 +528,20 @@ def capacity_run(work: Path, server: Any) -> tuple[dict[str, RedisSide], dict[st
     return sides, steps, total
 
 
-def _limits(side: RedisSide, beats: float, writer_s: float) -> tuple[dict[str, object], float, float]:
-    """capacity_limits for one policy; also its Redis CPU s and bytes per iteration at real cadence."""
+def _beats(side: RedisSide, calls: dict[int, float]) -> RedisCounters:
+    """Redis's cost of an iteration's heartbeat calls (``calls``: calls per iteration by steps renewed)."""
+    total = RedisCounters()
+    for batch, n in calls.items():
+        total += side.beats[batch].scaled(n)
+    return total
+
+
+def _limits(side: RedisSide, beats: RedisCounters, writer_s: float) -> tuple[dict[str, object], float, float]:
+    """capacity_limits for one policy; also its Redis CPU s and bytes per iteration at real cadence
+    (``beats``: the iteration's heartbeat calls)."""
     per_gpu = (side.idle - side.shared).scaled(1.0 / GPUS)  # one GPU worker's own idle traffic
-    cpu = side.iterations.cpu_s + beats * side.beat.cpu_s
-    net = side.iterations.net_bytes + beats * side.beat.net_bytes
+    cpu = side.iterations.cpu_s + beats.cpu_s
+    net = side.iterations.net_bytes + beats.net_bytes
     idle = (max(0.0, per_gpu.cpu_s), max(0.0, per_gpu.net_bytes), side.shared.cpu_s, side.shared.net_bytes)
     return capacity_limits(cpu, net, writer_s, *idle), cpu, net
 
@@ -498,12 +549,14 @@ def _limits(side: RedisSide, beats: float, writer_s: float) -> tuple[dict[str, o
 def capacity(work: Path) -> dict[str, object]:
     load = os.getloadavg()[0]
     server = _redis(work)
+    batches = tuple(sorted({heartbeat_batch(kind) for kind in KIND.values()}))
     try:
-        sides, steps, total = capacity_run(work / "cluster", server)
+        sides, steps, total = capacity_run(work / "cluster", server, batches)
     finally:
         server.stop()
     writer = writer_commit_s(work / "writer")
     beats = heartbeats_per_iteration(steps, 10.0)
+    calls = heartbeat_calls(steps, 10.0)
     extra = max(0.0, writer["commit_s_100k"] - writer["commit_s_shallow"])
     stores_per_iter = steps.get("store", 1.0)
     out: dict[str, object] = {
@@ -511,6 +564,8 @@ def capacity(work: Path) -> dict[str, object]:
         "capacity_iterations": total,
         "capacity_gpus_in_run": GPUS,
         "capacity_heartbeats_per_iter": round(beats, 1),
+        "capacity_heartbeat_calls_per_iter": round(sum(calls.values()), 1),
+        "capacity_heartbeat_calls_by_steps_renewed": {b: round(n, 1) for b, n in calls.items()},
         "capacity_history_iterations": int(writer["history_iterations"]),
         "capacity_writer_commit_ms_shallow": round(1e3 * writer["commit_s_shallow"], 2),
         "capacity_writer_commit_ms_at_100k": round(1e3 * writer["commit_s_100k"], 2),
@@ -518,20 +573,23 @@ def capacity(work: Path) -> dict[str, object]:
     }
     for policy, side in sides.items():
         writer_s = stores_per_iter * side.store_s + extra
-        limits, cpu, net = _limits(side, beats, writer_s)
+        beat_cost = _beats(side, calls)
+        limits, cpu, net = _limits(side, beat_cost, writer_s)
         per_gpu = (side.idle - side.shared).scaled(1.0 / GPUS)
         it = side.iterations
         tag = "" if policy == "always" else "_everysec"
         out |= {
             f"capacity_redis_commands_per_iter{tag}": round(
-                sum(it.calls.values()) + beats * sum(side.beat.calls.values()), 1
+                sum(it.calls.values()) + sum(beat_cost.calls.values()), 1
             ),
             f"capacity_redis_commands_per_iter_zero_time{tag}": round(sum(it.calls.values()), 1),
             f"capacity_redis_bytes_per_iter{tag}": round(net),
             f"capacity_redis_bytes_per_iter_zero_time{tag}": round(it.net_bytes),
             f"capacity_redis_cpu_ms_per_iter{tag}": round(1e3 * cpu, 3),
             f"capacity_redis_cpu_ms_per_iter_zero_time{tag}": round(1e3 * it.cpu_s, 3),
-            f"capacity_heartbeat_redis_cpu_us{tag}": round(1e6 * side.beat.cpu_s, 1),
+            f"capacity_heartbeat_redis_cpu_us_by_steps_renewed{tag}": {
+                b: round(1e6 * c.cpu_s, 1) for b, c in side.beats.items()
+            },
             f"capacity_idle_per_gpu_redis_cpu_ms_per_s{tag}": round(1e3 * per_gpu.cpu_s, 3),
             f"capacity_idle_per_gpu_bytes_per_s{tag}": round(per_gpu.net_bytes),
             f"capacity_idle_shared_redis_cpu_ms_per_s{tag}": round(1e3 * side.shared.cpu_s, 3),
@@ -555,10 +613,12 @@ def capacity(work: Path) -> dict[str, object]:
     out["capacity_target_gpus"] = TARGET_GPUS
     out["capacity_assumptions"] = (
         f"one stored iteration per GPU every {CADENCE_S:g} s; every part at {HEADROOM:.0%} of its budget: "
-        f"Redis {REDIS_CORES:g} core, NIC {NIC_BYTES_PER_S * 8 / 1e9:g} Gb/s, one writer; a running step "
-        "renews its lease every TTL/4 (10 s TTL) at the sim's real step durations, each renewal priced "
-        "alone; a GPU's idle cost = the idle cluster's minus the same cluster without its GPU workers, over "
-        "the GPUs; the shared idle cost (coordinator, beat, shared workers) comes off the budget; the "
+        f"Redis {REDIS_CORES:g} core, NIC {NIC_BYTES_PER_S * 8 / 1e9:g} Gb/s, one writer; a running step's "
+        "lease is renewed every TTL/4 (10 s TTL) at the sim's real step durations, a process's steps in one "
+        "call (busy ideate workers renew ideate_concurrency steps per call, GPU workers and prefork build "
+        "children one), each call priced on that many steps; a GPU's idle cost = the idle cluster's minus "
+        "the same cluster without its GPU workers, over the GPUs; the shared idle cost (coordinator, beat, "
+        "shared workers) comes off the budget; the "
         "writer's time = the store step's median wall time in the cluster (claim to completion) + the "
         "median commit's extra cost at 100k iterations of history against a shallow repo (no working-tree "
         "sync, git fsync on); attempts count as stores; *_everysec: the same with Redis's appendfsync "

@@ -2,7 +2,8 @@
 
 A lease is ``SET key owner PX ttl NX``; renewing and releasing are compare-and-set on the owner (Lua),
 so a process that lost its lease (paused past the TTL) can never renew or delete its successor's.
-Used for the singletons (writer, beat), for GPU claims and for step leases (the ledger's heartbeats).
+Used for the singletons (writer, beat), for GPU claims and for step leases (the ledger's heartbeats, one
+round trip per process and beat: :class:`StepLeases`).
 """
 
 from __future__ import annotations
@@ -167,3 +168,28 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.beat_now()
+
+
+class StepLeases:
+    """The step leases one process holds, renewed together on its heartbeat thread: one round trip per beat
+    however many steps the process runs (an ideate worker runs ``ideate_concurrency`` at a time)."""
+
+    def __init__(self, renew: Callable[[list[str]], object], heartbeat: Heartbeat) -> None:
+        self._renew = renew
+        self._steps: set[str] = set()
+        self._lock = threading.Lock()
+        heartbeat.add("steps", self.beat)
+
+    def add(self, step_id: str) -> None:
+        with self._lock:
+            self._steps.add(step_id)
+
+    def remove(self, step_id: str) -> None:
+        with self._lock:
+            self._steps.discard(step_id)
+
+    def beat(self) -> None:
+        with self._lock:
+            steps = sorted(self._steps)
+        if steps:
+            self._renew(steps)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import redis
@@ -70,12 +70,15 @@ redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
 return {'ok', redis.call('GET', KEYS[4])}
 """
 _HEARTBEAT = """
-local st = redis.call('HMGET', KEYS[1], 'status', 'owner')
-if st[1] == 'running' and st[2] == ARGV[1] then
-  redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[3])
-  return 1
+local renewed = 0
+for i = 2, #KEYS do
+  local st = redis.call('HMGET', KEYS[i], 'status', 'owner')
+  if st[1] == 'running' and st[2] == ARGV[1] then
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[i + 1])
+    renewed = renewed + 1
+  end
 end
-return 0
+return renewed
 """
 
 
@@ -247,10 +250,18 @@ class Ledger:
             return "ok", ShapeState.loads(raw) if raw else None
         return str(reply), None
 
-    def heartbeat(self, step_id: str, owner: str) -> bool:
+    def heartbeat(self, step_ids: Sequence[str], owner: str) -> int:
+        """Renew the leases of the steps ``owner`` runs (one round trip for all of them: a process renews
+        every step it runs in one call); returns how many it still held. A step it no longer holds (expired
+        and re-queued, done, dropped) is left alone."""
+        if not step_ids:
+            return 0
         deadline = clock.now(self.client) + self.lease_ttl_s
-        return bool(
-            self._heartbeat(keys=[keys.step(step_id), keys.RUNNING], args=[owner, repr(deadline), step_id])
+        return int(
+            self._heartbeat(
+                keys=[keys.RUNNING, *(keys.step(s) for s in step_ids)],
+                args=[owner, repr(deadline), *step_ids],
+            )
         )
 
     def complete(self, step_id: str, epoch: int, owner: str, event: Any) -> ShapeState:

@@ -15,7 +15,7 @@ from celery import Celery, bootsteps
 from celery.signals import before_task_publish
 from celery.worker.consumer import Consumer
 
-from croqq.delivery import queues
+from croqq.delivery import queues, transport
 from croqq.delivery.redis_client import kombu_url
 from croqq.settings import Settings, get_settings
 
@@ -150,6 +150,7 @@ def celery_config(settings: Settings) -> dict[str, object]:
 
 def make_app(settings: Settings | None = None) -> Celery:
     """The app; its configuration is read from the settings lazily (at first use) unless given."""
+    transport.install()  # one redis.Redis per broker connection pool (see croqq.delivery.transport)
     celery = Celery("croqq", include=["croqq.processes.tasks"])
     if settings is not None:
         celery.conf.update(celery_config(settings))

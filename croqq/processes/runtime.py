@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from croqq.delivery import keys
-from croqq.delivery.leases import Heartbeat, owner_id
+from croqq.delivery.leases import Heartbeat, StepLeases, owner_id
 from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import STEP_TASK
@@ -95,6 +95,8 @@ class Runtime:
         self.owner = owner_id()
         self._publisher = publisher
         self.pusher: Pusher | None = None  # the results branch's background pusher (writer, with a remote)
+        self._lazy = threading.Lock()
+        self._step_leases: StepLeases | None = None
 
     @cached_property
     def manifest(self) -> Manifest:
@@ -123,6 +125,16 @@ class Runtime:
     @cached_property
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(self.settings.lease_ttl_s / 4, name=f"croqq-heartbeat-{os.getpid()}").start()
+
+    @property
+    def step_leases(self) -> StepLeases:
+        """The leases of the steps this process runs (a property under a lock, not a cached one: the ideate
+        pool's threads ask at once, and a second instance would leave the first one's steps unrenewed)."""
+        with self._lazy:
+            if self._step_leases is None:
+                renew = lambda steps: self.ledger.heartbeat(steps, self.owner)  # noqa: E731
+                self._step_leases = StepLeases(renew, self.heartbeat)
+            return self._step_leases
 
     @cached_property
     def completer(self) -> Completer:

@@ -60,18 +60,18 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
     if status != "ok":
         log.info("dropping %s %s epoch %d: step is %s", msg.kind, msg.step_id, msg.epoch, status)
         return status
-    beat = f"step:{msg.step_id}"
-    rt.heartbeat.add(beat, lambda: rt.ledger.heartbeat(msg.step_id, rt.owner))
+    leases = rt.step_leases
+    leases.add(msg.step_id)
     outcome, event = _guarded(rt, msg, lambda: _execute(rt, msg, state))
     if event is None:
-        rt.heartbeat.remove(beat)
+        leases.remove(msg.step_id)
         return outcome
 
     def finish() -> str:
         try:
             return _guarded(rt, msg, lambda: _complete(rt, msg, event))[0]
         finally:
-            rt.heartbeat.remove(beat)
+            leases.remove(msg.step_id)
 
     if msg.kind in GPU_KINDS:  # the GPU goes on to its next step while this result is recorded
         rt.completer.submit(finish)

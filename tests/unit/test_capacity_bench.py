@@ -8,6 +8,7 @@ from croqq.bench.capacity_bench import (
     _label,
     capacity_limits,
     chain_plan,
+    heartbeat_calls,
     heartbeats_per_iteration,
 )
 
@@ -58,6 +59,12 @@ def test_a_floor_chain_interleaves_its_hops_in_croqqs_order() -> None:
 def test_heartbeats_are_one_per_quarter_ttl_of_each_steps_real_duration() -> None:
     # the sim's real durations: ideate 60 s, implement 20 s, measure 10 s; one beat every 2.5 s
     assert heartbeats_per_iteration({"ideate": 1, "implement": 1, "measure": 1, "store": 1}, 10.0) == 36.0
+
+
+def test_a_busy_ideate_worker_renews_its_threads_steps_in_one_call() -> None:
+    # ideate: 24 renewals in calls of ideate_concurrency (8); implement (prefork) and measure one each
+    steps = {"ideate": 1, "implement": 1, "measure": 1, "store": 1}
+    assert heartbeat_calls(steps, 10.0) == {8: 3.0, 1: 12.0}
 
 
 def test_processes_are_named_by_role() -> None:

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from croqq.delivery import keys
+from croqq.delivery.leases import Heartbeat, StepLeases
 from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import SubmitMessage
 from croqq.delivery.state import ShapeState, make_sid
@@ -160,9 +161,28 @@ def test_heartbeat_keeps_a_lease_alive(redis_client: redis.Redis) -> None:
     cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)[0]
     for _ in range(4):
         time.sleep(0.3)
-        assert cluster.ledger.heartbeat(step.step_id, "w1")
+        assert cluster.ledger.heartbeat([step.step_id], "w1") == 1
         assert cluster.ledger.expire_leases() == 0
-    assert not cluster.ledger.heartbeat(step.step_id, "intruder")
+    assert cluster.ledger.heartbeat([step.step_id], "intruder") == 0
+
+
+def test_one_heartbeat_renews_every_step_its_owner_runs_and_no_other(redis_client: redis.Redis) -> None:
+    cluster = Cluster(redis_client, depth=3, ttl=1.0)
+    cluster.add_gpu("GPU-a")
+    cluster.submit(3)
+    steps = [r for r in cluster.published if r.kind == "implement"]
+    assert len(steps) == 3
+    for step, owner in zip(steps, ("w1", "w1", "w2"), strict=True):
+        assert cluster.ledger.claim(step.step_id, 0, owner, step.kind, step.sid)[0] == "ok"
+    ids = [s.step_id for s in steps]
+    for _ in range(4):  # 1.2 TTLs: only what a beat renewed is still running
+        time.sleep(0.3)
+        assert cluster.ledger.heartbeat(ids, "w1") == 2
+    assert cluster.ledger.expire_leases() == 1  # w2's step, which w1's beats left alone
+    assert {r.step_id for r in cluster.published if r.kind == "implement"} == set(ids)
+    assert cluster.ledger.load_step(ids[2]).epoch == 1  # type: ignore[union-attr]
+    assert [cluster.ledger.load_step(i).status for i in ids[:2]] == ["running", "running"]  # type: ignore[union-attr]
+    assert cluster.ledger.heartbeat([], "w1") == 0
 
 
 def test_lost_publication_is_republished_from_the_outbox(cluster: Cluster) -> None:
@@ -318,3 +338,18 @@ def test_the_store_hooks_see_the_shape_as_it_was_before_the_store(cluster: Clust
     )
     [entry] = cluster.client.hvals(keys.history(sid))
     assert '"decision":"BASELINE"' in entry and '"tflops":123.0' in entry
+
+
+def test_a_process_renews_all_its_step_leases_in_one_call_per_beat() -> None:
+    calls: list[list[str]] = []
+    heartbeat = Heartbeat(60.0)  # not started: the test beats by hand
+    leases = StepLeases(calls.append, heartbeat)
+    heartbeat.beat_now()
+    assert calls == []  # no step, no round trip
+    leases.add("b#2.x")
+    leases.add("a#1.x")
+    heartbeat.beat_now()
+    leases.remove("a#1.x")
+    leases.remove("a#1.x")  # removing twice (a step given back, then finished) is harmless
+    heartbeat.beat_now()
+    assert calls == [["a#1.x", "b#2.x"], ["b#2.x"]]
