@@ -618,11 +618,11 @@ def capacity(work: Path) -> dict[str, object]:
         "call (busy ideate workers renew ideate_concurrency steps per call, GPU workers and prefork build "
         "children one), each call priced on that many steps; a GPU's idle cost = the idle cluster's minus "
         "the same cluster without its GPU workers, over the GPUs; the shared idle cost (coordinator, beat, "
-        "shared workers) comes off the budget; the "
-        "writer's time = the store step's median wall time in the cluster (claim to completion) + the "
-        "median commit's extra cost at 100k iterations of history against a shallow repo (no working-tree "
-        "sync, git fsync on); attempts count as stores; *_everysec: the same with Redis's appendfsync "
-        "everysec (each figure measured in the same run); wall times grow with the machine's load"
+        "shared workers) comes off the budget; the writer's time = the store step's median wall time in the "
+        "cluster (claim to completion) + the median commit's extra cost at 100k iterations of history "
+        "against a shallow repo (no working-tree sync, git fsync on); attempts count as stores; *_everysec: "
+        "the same with Redis's appendfsync everysec (each figure measured in the same run); wall times grow "
+        "with the machine's load"
     )
     log.info("capacity: %s", out)
     return out

@@ -31,7 +31,7 @@ def test_a_channel_reuses_one_client_per_pool_and_still_carries_messages(redis_s
             got.append(message.payload["n"])
             message.ack()
         assert got == [0, 1, 2]
-        assert redis_client.hlen("unacked") == 0  # every ack went through the shared client
+        assert redis_client.hlen("unacked") == 0  # acks sent through the shared client reached Redis
         channel._disconnect_pools()  # what kombu does after a connection error
         with channel.conn_or_acquire() as third:
             assert third is not first and third.connection_pool is channel.pool
