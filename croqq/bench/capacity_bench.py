@@ -26,6 +26,13 @@ time in the cluster (claim to completion, from the step ledger) plus what the me
 into GPUs served per part at one stored iteration per GPU every ``CADENCE_S``, each part at ``HEADROOM``
 of its budget.
 
+Group commit (``CROQQ_STORE_GROUP``): a second cluster on the flushed server stores one batch with
+``GROUP`` STOREs at most per commit (:func:`group_run`). For it and for the first run's ``always`` batch,
+the writer's time is its busy time per STORE (the union of the store steps' claim-to-completion
+intervals over their number: a group's steps overlap) plus the extra cost of a commit at 100k history
+shared by the STOREs of a commit (the ``_group`` and ``writer_busy`` figures); the group figure's Redis
+side is the first run's.
+
 ``cpu_cost(work)``: the user + sys CPU of every process of the cluster (every descendant of this process:
 Redis, coordinator, beat, writer, build, ideate and GPU workers with their pool children; from
 /proc/<pid>/stat, reaped children's times included) over a zero-step-time run, per stored iteration; then,
@@ -46,6 +53,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -68,6 +76,7 @@ TARGET_GPUS = 2000
 GPUS, DEPTH, SHAPES, MAX_ITER = 4, 4, 32, 10
 IDLE_S, SETTLE_S = 5.0, 2.0
 HEARTBEATS = 2000
+GROUP = 16  # the group-commit run's CROQQ_STORE_GROUP
 ROUNDS = 2
 HISTORY_RUNS, HISTORY_DEPTH, HOT_KEYS, MEASURED = 4, 94, 5, 20  # 4 x 268 keys x 94 = 100,768 iterations
 PROFILE_ENV = "CAPACITY_BENCH_PROFILE_DIR"  # not CROQQ_*: Settings forbids unknown CROQQ_ names
@@ -475,6 +484,7 @@ class RedisSide:
     shared: RedisCounters = field(default_factory=RedisCounters)  # the same without its GPU workers
     beats: dict[int, RedisCounters] = field(default_factory=dict)  # one heartbeat call, by steps renewed
     store_s: float = 0.0  # the store step's median wall time (claim to completion)
+    store_busy_s: float = 0.0  # the writer's busy time per STORE step (:func:`busy_s`)
 
 
 def _batch(cluster: Any, client: Any, dtype: str) -> tuple[RedisCounters, float]:
@@ -523,9 +533,65 @@ def capacity_run(
         sides[policy].store_s = statistics.median(
             float(r["finished_at"]) - float(r["started_at"]) for r in stores
         )
+        sides[policy].store_busy_s = _store_busy_s(records, dtype)
     total = 2 * SHAPES * (MAX_ITER + 1)
     steps = {k: v / total for k, v in Counter(r["kind"] for r in records).items()}
     return sides, steps, total
+
+
+def busy_s(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of ``intervals`` (a group commit's STORE steps overlap: the writer is busy
+    once for all of them)."""
+    total, end = 0.0, -math.inf
+    for start, finish in sorted(intervals):
+        if finish > end:
+            total += finish - max(start, end)
+            end = finish
+    return total
+
+
+_STORE_COMMIT = re.compile(r"^(?:store: (\d+) record\(s\)|\S+ (?:iter|attempt)\d+: )")
+
+
+def stores_per_commit(subjects: list[str]) -> float:
+    """The mean STOREs per store commit, from the commit subjects (a group commit names its count)."""
+    sizes = [int(m.group(1) or 1) for m in map(_STORE_COMMIT.match, subjects) if m]
+    return sum(sizes) / len(sizes) if sizes else 0.0
+
+
+def _store_busy_s(records: list[dict[str, str]], dtype: str) -> float:
+    """The writer's busy time per STORE step of ``dtype``'s shapes (claim to completion, overlaps once)."""
+    stores = [r for r in records if r["kind"] == "store" and f"/{dtype}_" in r["sid"]]
+    return busy_s([(float(r["started_at"]), float(r["finished_at"])) for r in stores]) / len(stores)
+
+
+def group_run(work: Path, server: Any, group: int = GROUP) -> dict[str, float]:
+    """The same cluster with group commit (``CROQQ_STORE_GROUP=group``) on a flushed ``server``, one batch
+    under ``appendfsync always``: the writer's busy time per STORE, the STOREs per commit, Redis's
+    commands and CPU per stored iteration."""
+    from croqq.processes.local import LocalCluster
+
+    client = server.client()
+    client.flushall()
+    client.config_set("appendfsync", "always")
+    env = cluster_env(work, server) | {"CROQQ_STORE_GROUP": str(group)}
+    with LocalCluster(env, log_level="WARNING") as cluster:
+        cluster.wait_gpus()
+        time.sleep(SETTLE_S)
+        batch, wall = _batch(cluster, client, "f16")
+        time.sleep(SETTLE_S)
+        idle = _idle_rate(client, IDLE_S)
+        records = [r for r in _ledger(client) if r.get("status") == "done"]
+    subjects = subprocess.run(
+        ["git", "-C", str(work / "results"), "log", "--format=%s"], check=True, capture_output=True, text=True
+    ).stdout.splitlines()
+    per_iter = (batch - idle.scaled(wall)).scaled(1.0 / (SHAPES * (MAX_ITER + 1)))
+    return {
+        "store_busy_s": _store_busy_s(records, "f16"),
+        "stores_per_commit": stores_per_commit(subjects),
+        "redis_commands_per_iter": sum(per_iter.calls.values()),
+        "redis_cpu_s_per_iter": per_iter.cpu_s,
+    }
 
 
 def _beats(side: RedisSide, calls: dict[int, float]) -> RedisCounters:
@@ -552,6 +618,7 @@ def capacity(work: Path) -> dict[str, object]:
     batches = tuple(sorted({heartbeat_batch(kind) for kind in KIND.values()}))
     try:
         sides, steps, total = capacity_run(work / "cluster", server, batches)
+        grouped = group_run(work / "group", server)
     finally:
         server.stop()
     writer = writer_commit_s(work / "writer")
@@ -598,6 +665,26 @@ def capacity(work: Path) -> dict[str, object]:
             f"capacity_writer_ms_per_iter_at_100k{tag}": round(1e3 * writer_s, 2),
         }
         out |= {k + tag: v for k, v in limits.items() if k != "capacity_target_gpus"}
+    # group commit: the writer's busy time per STORE (one run without, one with, both under ``always``);
+    # the extra cost of a commit at 100k history is shared by the STOREs of the commit
+    always = sides["always"]
+    writer_group_s = stores_per_iter * (
+        grouped["store_busy_s"] + extra / max(1.0, grouped["stores_per_commit"])
+    )
+    writer_single_s = stores_per_iter * (always.store_busy_s + extra)
+    limits_group, _, _ = _limits(always, _beats(always, calls), writer_group_s)
+    out |= {
+        "capacity_group_commit_max": GROUP,
+        "capacity_group_stores_per_commit": round(grouped["stores_per_commit"], 2),
+        "capacity_writer_busy_ms_per_iter_at_100k": round(1e3 * writer_single_s, 2),
+        "capacity_writer_busy_ms_per_iter_at_100k_group": round(1e3 * writer_group_s, 2),
+        "capacity_redis_commands_per_iter_zero_time_group": round(grouped["redis_commands_per_iter"], 1),
+        "capacity_redis_cpu_ms_per_iter_zero_time_group": round(1e3 * grouped["redis_cpu_s_per_iter"], 3),
+        "capacity_gpus_writer_busy": capacity_limits(0.0, 0.0, writer_single_s)["capacity_gpus_writer"],
+        "capacity_gpus_writer_group": limits_group["capacity_gpus_writer"],
+        "capacity_gpus_group": limits_group["capacity_gpus"],
+        "capacity_saturates_first_group": limits_group["capacity_saturates_first"],
+    }
     out["capacity_redis_top_commands_per_iter"] = sides["always"].iterations.top(8, 1.0)
     # the writer with neither Redis nor git fsyncing: the everysec store step, its shallow commit (git fsync
     # on) replaced by one at 100k without fsync
@@ -622,7 +709,10 @@ def capacity(work: Path) -> dict[str, object]:
         "cluster (claim to completion) + the median commit's extra cost at 100k iterations of history "
         "against a shallow repo (no working-tree sync, git fsync on); attempts count as stores; *_everysec: "
         "the same with Redis's appendfsync everysec (each figure measured in the same run); wall times grow "
-        "with the machine's load"
+        "with the machine's load; *_group: the writer with group commit (at most "
+        f"{GROUP} STOREs per commit), its time the busy time per STORE (overlapping steps once) plus the "
+        "100k commit's extra cost over the STOREs per commit, beside the same figure without it "
+        "(writer_busy)"
     )
     log.info("capacity: %s", out)
     return out

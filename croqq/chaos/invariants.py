@@ -3,7 +3,8 @@
 Repo (``repo_problems``): everything ``croqq validate`` checks (schemas; iteration ids contiguous from 000
 with no gaps or duplicates; attempts without iteration ids; checkpoint, state.json, results.tsv,
 rounds.raw.jsonl and rounds.md agree; paths inside the repo), plus exactly one commit per stored
-iteration (commits are matched to runs by their ``Croqq-Run`` trailer), and ``git fsck`` clean.
+iteration (commits are matched to runs by their ``Croqq-Run`` trailer; a group commit records each of its
+iterations), and ``git fsck`` clean.
 
 Live (``live_problems``): after reconciliation no lease is held by a dead process and no running step's
 lease is overdue.
@@ -24,11 +25,9 @@ from croqq.delivery.leases import dead_local
 from croqq.delivery.redis_client import strs, text
 from croqq.store.load import list_runs
 from croqq.store.paths import RunPaths
-from croqq.store.render import TRAILER_RESET, TRAILER_RUN, parse_tsv
+from croqq.store.render import TRAILER_RESET, parse_tsv, stored_in_message
 from croqq.store.validate import Problem, validate_repo
 
-_SUBJECT = re.compile(r"^(\S+) iter(\d{3,}): ")
-_RUN = re.compile(rf"^{TRAILER_RUN}: (\S+)$", re.MULTILINE)
 _RESET = re.compile(rf"^{TRAILER_RESET}: (\S+)$", re.MULTILINE)
 
 
@@ -45,10 +44,9 @@ def iteration_commits(repo_path: Path, branch: str = "main") -> Counter[tuple[st
         for run_key in _RESET.findall(commit.message):
             run, _, key = run_key.rpartition("/")
             reset.add((run, key))
-        match = _SUBJECT.match(commit.message)
-        run_m = _RUN.search(commit.message)
-        if match and run_m and (run_m.group(1), match.group(1)) not in reset:
-            counts[(run_m.group(1), match.group(1), int(match.group(2)))] += 1
+        for run, key, iteration in stored_in_message(commit.message):
+            if (run, key) not in reset:
+                counts[(run, key, iteration)] += 1
     return counts
 
 

@@ -47,6 +47,7 @@ class StressConfig:
     fault_seconds: float = 8.0
     timeout_s: float = 3600.0
     log_level: str = "INFO"
+    store_group: int = 1  # the writer's group commit (CROQQ_STORE_GROUP)
 
     @property
     def out_dir(self) -> Path:
@@ -91,6 +92,7 @@ def cluster_env(cfg: StressConfig) -> dict[str, str]:
         "CROQQ_GPU_OFFLINE_S": str(6 * ttl),
         "CROQQ_TEST_BARRIERS": "true",
         "CROQQ_TIME_SCALE": "0",
+        "CROQQ_STORE_GROUP": str(cfg.store_group),
     }
 
 

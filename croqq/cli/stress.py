@@ -31,6 +31,9 @@ def stress(
         3600.0, "--timeout", min=10, help="Give up (and fail) after this many seconds."
     ),
     out: Path = typer.Option(Path("experiments/stress"), "--out", help="Folder for the run's results."),
+    store_group: int = typer.Option(
+        1, "--store-group", min=1, max=256, help="The writer's group commit: the most STOREs per commit."
+    ),
 ) -> None:
     """Tune N loops per dsl to R rounds on the real cluster (Redis, Celery workers, git writer, simulated
     GPUs) while killing processes mid-step, killing Redis and faulting GPUs; then check that no round was
@@ -64,6 +67,7 @@ def stress(
         sim_gpus=sim_gpus,
         lease_ttl_s=lease_ttl,
         timeout_s=timeout,
+        store_group=store_group,
     )
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     (cfg.out_dir / "stress.log").unlink(missing_ok=True)  # a rerun of the same name starts afresh

@@ -9,6 +9,10 @@ croqq:ideas:<sid>              set     content hashes already proposed for a sha
 croqq:step:<step id>           hash    step ledger record: sid kind epoch status owner queue payload times
 croqq:running                  zset    step ids running, score = lease deadline (heartbeats push it)
 croqq:queued                   zset    step ids queued, score = last publish time
+croqq:queued:store             zset    the STORE steps among them, score = queued time (group commit takes
+                                       the oldest; a claim or a drop removes one)
+croqq:lease_run                string  the Redis run id the step leases' deadlines belong to (renewals are not
+                                       persisted: under a new run id every running step gets one TTL)
 croqq:outbox                   zset    step ids committed but maybe not yet published, score = time
 croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason quarantined_at
                                        current since (a stored quarantine survives re-registration)
@@ -49,6 +53,8 @@ SHAPES = f"{PREFIX}:shapes"
 SUMMARY = f"{PREFIX}:summary"
 RUNNING = f"{PREFIX}:running"
 QUEUED = f"{PREFIX}:queued"
+QUEUED_STORES = f"{PREFIX}:queued:store"
+LEASE_RUN = f"{PREFIX}:lease_run"
 OUTBOX = f"{PREFIX}:outbox"
 GPUS = f"{PREFIX}:gpus"
 WORKERS = f"{PREFIX}:workers"

@@ -8,7 +8,10 @@ Each shape has at most one step in flight. A step record (``croqq:step:<id>``) m
   between leaves the outbox entry, and housekeeping publishes it again.
 - **claim**: a worker may run a step only by moving it ``queued -> running`` for the message's epoch
   (a Lua script); duplicates and stale epochs are refused. The claimer holds a lease: its deadline is
-  the step's score in ``croqq:running``, pushed forward by heartbeats.
+  the step's score in ``croqq:running``, pushed forward by heartbeats (in Redis's memory only: after a
+  restart every running step gets one TTL to renew). With group commit the writer also
+  claims queued STORE steps whose messages it has not received yet (``claim_queued_stores``, the same
+  ``queued -> running`` move); their messages then find them taken and are dropped.
 - **complete**: the result (an FSM event) is applied in one WATCH/MULTI transaction that checks the
   step is still ours at this epoch, moves the shape's loop, marks the step done and writes the next
   step. First result wins; a stale or duplicate result changes nothing.
@@ -27,6 +30,7 @@ import redis
 from pydantic import BaseModel, ConfigDict
 
 from croqq.delivery import clock, keys
+from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState
@@ -66,10 +70,36 @@ if st[2] ~= ARGV[1] or st[3] ~= ARGV[6] then return 'stale' end
 if st[1] ~= 'queued' then return st[1] end
 redis.call('HSET', KEYS[1], 'status', 'running', 'owner', ARGV[2], 'started_at', ARGV[3])
 redis.call('ZREM', KEYS[3], ARGV[5])
+redis.call('ZREM', KEYS[5], ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
 return {'ok', redis.call('GET', KEYS[4])}
 """
+_GRACE = """
+local seen = redis.call('GET', KEYS[2])
+if seen == ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+if not seen then return 0 end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[2], id) end
+return #ids
+"""
+_CLAIM_STORES = """
+local out = {}
+for i = 1, (#KEYS - 3) / 2 do
+  local id = ARGV[3 + i]
+  local st = redis.call('HMGET', KEYS[2 + 2 * i], 'status', 'epoch', 'kind')
+  redis.call('ZREM', KEYS[3], id)
+  if st[1] == 'queued' and st[3] == 'store' then
+    redis.call('HSET', KEYS[2 + 2 * i], 'status', 'running', 'owner', ARGV[1], 'started_at', ARGV[2])
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('ZADD', KEYS[1], ARGV[3], id)
+    out[#out + 1] = {id, st[2], redis.call('GET', KEYS[3 + 2 * i])}
+  end
+end
+return out
+"""
 _HEARTBEAT = """
+redis.set_repl(redis.REPL_NONE)
 local renewed = 0
 for i = 2, #KEYS do
   local st = redis.call('HMGET', KEYS[i], 'status', 'owner')
@@ -144,6 +174,8 @@ class Ledger:
         self._queues: dict[str, str] = {}
         self._claim = client.register_script(_CLAIM)
         self._heartbeat = client.register_script(_HEARTBEAT)
+        self._claim_stores = client.register_script(_CLAIM_STORES)
+        self._grace = client.register_script(_GRACE)
 
     # -- reads --------------------------------------------------------------------------------------
 
@@ -212,13 +244,15 @@ class Ledger:
         """Cancel a queued or running step (pipe in multi mode); any message or result for it is stale."""
         pipe.hset(keys.step(step_id), mapping={"status": DROPPED, "owner": ""})
         pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
-        for zset in (keys.RUNNING, keys.QUEUED, keys.OUTBOX):
+        for zset in (keys.RUNNING, keys.QUEUED, keys.OUTBOX, keys.QUEUED_STORES):
             pipe.zrem(zset, step_id)
 
     def _write_step(self, pipe: Any, record: StepRecord) -> None:
         pipe.hset(keys.step(record.step_id), mapping={k: str(v) for k, v in record.model_dump().items()})
         pipe.zadd(keys.QUEUED, {record.step_id: record.dispatched_at})
         pipe.zadd(keys.OUTBOX, {record.step_id: record.dispatched_at})
+        if record.kind == "store":
+            pipe.zadd(keys.QUEUED_STORES, {record.step_id: record.dispatched_at})
 
     def queue_for(self, state: ShapeState, conn: Any) -> str | None:
         """The GPU queue a shape's next GPU step would go to (read before multi)."""
@@ -242,7 +276,7 @@ class Ledger:
         'stale' (another epoch or kind), 'running', 'done', 'dropped'."""
         now = clock.now(self.client)
         reply = self._claim(
-            keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED, keys.shape(sid)],
+            keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED, keys.shape(sid), keys.QUEUED_STORES],
             args=[str(epoch), owner, repr(now), repr(now + self.lease_ttl_s), step_id, kind],
         )
         if isinstance(reply, list):
@@ -250,10 +284,46 @@ class Ledger:
             return "ok", ShapeState.loads(raw) if raw else None
         return str(reply), None
 
+    def claim_queued_stores(self, owner: str, limit: int) -> list[tuple[StepMessage, ShapeState | None]]:
+        """Claim for ``owner`` up to ``limit`` of the oldest queued STORE steps, whatever their messages
+        (group commit: the writer stores them together with the one it was sent). Returns each claimed step
+        as the message that would have run it, with its shape's state. Their own messages, when they come,
+        find the steps running or done and are dropped, as any duplicate."""
+        ids = strs(self.client.zrange(keys.QUEUED_STORES, 0, limit - 1)) if limit > 0 else []
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for step_id in ids:
+            pipe.hget(keys.step(step_id), "sid")
+        sids = dict(zip(ids, (text(sid) for sid in pipe.execute()), strict=True))
+        gone = [step_id for step_id, sid in sids.items() if not sid]
+        if gone:
+            self.client.zrem(keys.QUEUED_STORES, *gone)
+        live = [step_id for step_id in ids if sids[step_id]]
+        if not live:
+            return []
+        now = clock.now(self.client)
+        reply = self._claim_stores(
+            keys=[keys.RUNNING, keys.QUEUED, keys.QUEUED_STORES]
+            + [k for s in live for k in (keys.step(s), keys.shape(sids[s] or ""))],
+            args=[owner, repr(now), repr(now + self.lease_ttl_s), *live],
+        )
+        claimed = []
+        for raw_id, epoch, raw in reply:
+            step_id = text(raw_id) or ""
+            msg = StepMessage(step_id=step_id, epoch=int(epoch), sid=sids[step_id] or "", kind="store")
+            claimed.append((msg, ShapeState.loads(raw) if raw else None))
+        return claimed
+
     def heartbeat(self, step_ids: Sequence[str], owner: str) -> int:
         """Renew the leases of the steps ``owner`` runs (one round trip for all of them: a process renews
         every step it runs in one call); returns how many it still held. A step it no longer holds (expired
-        and re-queued, done, dropped) is left alone."""
+        and re-queued, done, dropped) is left alone.
+
+        Renewals change Redis's memory only: they are neither appended to the AOF nor replicated (a
+        deadline is worth something only while this Redis runs, and under ``appendfsync always`` each
+        persisted renewal would cost an fsync). The claim's deadline is persisted; after a restart every
+        running step gets one TTL (:meth:`grant_restart_grace`)."""
         if not step_ids:
             return 0
         deadline = clock.now(self.client) + self.lease_ttl_s
@@ -264,23 +334,29 @@ class Ledger:
             )
         )
 
-    def complete(self, step_id: str, epoch: int, owner: str, event: Any) -> ShapeState:
+    def complete(
+        self, step_id: str, epoch: int, owner: str, event: Any, sid: str | None = None
+    ) -> ShapeState:
         """Apply a step's result exactly once; publish the next step. Raises StaleStepError if not ours.
+        ``sid``: the step's shape, as its message named it (saves reading the step record twice; a wrong
+        one is stale).
 
         What the result means for the shape (the FSM, DECIDE, statistics, its GPU slot) is the
         ``advance``'s business; the ledger checks ownership, marks the step done and plans the next one,
         all in one transaction."""
-        watch = [keys.step(step_id)]
-        record0 = self.load_step(step_id)
-        if record0 is None:
-            raise StaleStepError(f"step {step_id} no longer exists")
-        watch.append(keys.shape(record0.sid))
+        if sid is None:
+            record0 = self.load_step(step_id)
+            if record0 is None:
+                raise StaleStepError(f"step {step_id} no longer exists")
+            sid = record0.sid
+        shape_sid = sid
+        watch = [keys.step(step_id), keys.shape(shape_sid)]
 
         def body(pipe: Any) -> tuple[ShapeState, StepRecord | None]:
             record = self.load_step(step_id, pipe)
-            state = self.load_shape(record0.sid, pipe)
-            if record is None or state is None:
-                raise StaleStepError(f"step {step_id} or its shape vanished")
+            state = self.load_shape(shape_sid, pipe)
+            if record is None or state is None or record.sid != shape_sid:
+                raise StaleStepError(f"step {step_id} or its shape {shape_sid} vanished (or it is another's)")
             self._check_holder(record, state, epoch, owner)
             now = clock.now(self.client)
             write = self.advance.apply(record, state, event, now)
@@ -389,8 +465,23 @@ class Ledger:
                 count += self.requeue(step_id, f"its owner {owner} died", expect_owner=owner)
         return count
 
+    def grant_restart_grace(self) -> int:
+        """After Redis restarted (a new run id: a restart, a restore, a failover), give every running step
+        one lease TTL from now: lease renewals are not persisted, so the deadlines Redis came back with are
+        those of the claims. Returns how many leases were extended (none on a run id already seen)."""
+        run_id = str(self.client.info("server")["run_id"])
+        deadline = clock.now(self.client) + self.lease_ttl_s
+        granted = int(self._grace(keys=[keys.RUNNING, keys.LEASE_RUN], args=[run_id, repr(deadline)]))
+        if granted:
+            log.warning(
+                "Redis restarted: %d running step(s) get one lease TTL to renew their leases", granted
+            )
+        return granted
+
     def expire_leases(self) -> int:
-        """Re-queue every running step whose lease deadline has passed."""
+        """Re-queue every running step whose lease deadline has passed (after a Redis restart, one TTL
+        after it: :meth:`grant_restart_grace`)."""
+        self.grant_restart_grace()
         expired = strs(self.client.zrangebyscore(keys.RUNNING, "-inf", clock.now(self.client)))
         return sum(self.requeue(sid, "lease expired", only_expired=True) for sid in expired)
 
@@ -404,8 +495,8 @@ class Ledger:
         for step_id in step_ids:
             record = self.load_step(step_id)
             if record is None or record.status != QUEUED:
-                self.client.zrem(keys.OUTBOX, step_id)
-                self.client.zrem(keys.QUEUED, step_id)
+                for zset in (keys.OUTBOX, keys.QUEUED, keys.QUEUED_STORES):
+                    self.client.zrem(zset, step_id)
                 continue
             self.client.zadd(keys.QUEUED, {step_id: clock.now(self.client)})
             log.info("re-publishing %s (%s)", step_id, reason)

@@ -9,7 +9,8 @@ exactly one line; a file that does not end with a newline has a truncated last l
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -255,6 +256,30 @@ def commit_message(req: StoreRequest) -> str:
     return (
         f"{subject}\n\n{TRAILER_RUN}: {req.gpu}/{req.dsl}\n{TRAILER_STEP}: {req.step_id} epoch {req.epoch}\n"
     )
+
+
+def group_commit_message(reqs: Sequence[StoreRequest]) -> str:
+    """A group commit's message: ``store: <N> record(s)``, then each record's own message (subject and
+    trailers) as a paragraph of the body."""
+    return f"store: {len(reqs)} record(s)\n\n" + "\n".join(commit_message(r) for r in reqs)
+
+
+_ITER_SUBJECT = re.compile(r"^(\S+) iter(\d{3,}): ")
+_RUN_TRAILER = re.compile(rf"^{TRAILER_RUN}: (\S+)$")
+
+
+def stored_in_message(message: str) -> list[tuple[str, str, int]]:
+    """(run, key, iteration) of each iteration a commit message records: its subject's, or each of a group
+    commit's paragraphs (an iteration line followed by its run trailer)."""
+    found, pending = [], None
+    for line in message.splitlines():
+        subject, run = _ITER_SUBJECT.match(line), _RUN_TRAILER.match(line)
+        if subject:
+            pending = (subject.group(1), int(subject.group(2)))
+        elif run and pending:
+            found.append((run.group(1), *pending))
+            pending = None
+    return found
 
 
 # -- compaction summary ---------------------------------------------------------------------------

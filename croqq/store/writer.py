@@ -371,12 +371,11 @@ class ResultsWriter:
         fresh = [_stage(draft, req) for req in reqs]
         commit = self.repo.head() or ""
         if any(fresh):
-            lines = [render.commit_message(r) for r, new in zip(reqs, fresh, strict=True) if new]
-            message = f"store: {len(lines)} record(s)\n\n" + "\n".join(lines)
-            commit = self.repo.commit(draft.finish(), message)
+            stored = [r for r, new in zip(reqs, fresh, strict=True) if new]
+            commit = self.repo.commit(draft.finish(), render.group_commit_message(stored))
             draft.remember_states()
             self._committed(started)
-            log.info("stored %d record(s) in one commit %s", len(lines), commit[:12])
+            log.info("stored %d record(s) in one commit %s", len(stored), commit[:12])
         return [
             StoreReceipt(commit=commit, duplicate=not new, iteration=r.round.iteration if r.round else None)
             for r, new in zip(reqs, fresh, strict=True)

@@ -35,7 +35,7 @@ from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.processes.runtime import Runtime
 from croqq.proposers._base import ProposeContext
 from croqq.settings import Settings
-from croqq.store.schema import StoreRequest
+from croqq.store.schema import StoreReceipt, StoreRequest
 from croqq.work import agents
 from croqq.work import gpu as guard
 from croqq.work import history as hist
@@ -202,14 +202,27 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
     return Measured(result=result.model_copy(update=span.fields()))
 
 
-def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored | Resynced:
-    req = store_request(
+def store_request_for(rt: Runtime, state: ShapeState, msg: StepMessage) -> StoreRequest:
+    """What the writer commits for this STORE step."""
+    return store_request(
         rt.manifest, rt.settings, state, msg.epoch, msg.step_id, lambda: _best_source(rt, state)
     )
+
+
+def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored | Resynced:
+    req = store_request_for(rt, state, msg)
     try:
         receipt = rt.writer.apply(req)
     except StoreGapError as exc:  # git lost commits the loop counted (or never had them): git wins
         return _resync(rt, state, str(exc))
+    return stored(rt, state, msg, req, receipt)
+
+
+def stored(
+    rt: Runtime, state: ShapeState, msg: StepMessage, req: StoreRequest, receipt: StoreReceipt
+) -> Stored | Resynced:
+    """The event of a STORE the writer answered: a repeat of this step's own STORE is stored; one that
+    another step stored first means the loop and the repo disagree (the repo wins)."""
     if receipt.duplicate:
         other = _stored_by(rt, state, req)
         if other != msg.step_id:

@@ -37,8 +37,9 @@ from croqq.errors import (
     TerminalError,
 )
 from croqq.processes.runtime import Runtime
+from croqq.store.schema import StoreReceipt, StoreRequest
 from croqq.work import barriers, hosts
-from croqq.work.executors import EXECUTORS
+from croqq.work.executors import EXECUTORS, store, store_request_for, stored
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
     if status != "ok":
         log.info("dropping %s %s epoch %d: step is %s", msg.kind, msg.step_id, msg.epoch, status)
         return status
+    if msg.kind == "store" and rt.settings.store_group > 1:
+        return _run_stores(rt, msg, state)
     leases = rt.step_leases
     leases.add(msg.step_id)
     outcome, event = _guarded(rt, msg, lambda: _execute(rt, msg, state))
@@ -79,19 +82,98 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
     return finish()
 
 
-def _execute(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Any:
+def _current(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> ShapeState:
+    """The shape's state for a claimed step (read again after a test barrier); StaleStepError if the shape
+    no longer waits for it."""
     if rt.settings.test_barriers:
         wait_barrier(rt, msg.kind, msg.step_id)
         state = rt.ledger.load_shape(msg.sid)
     if state is None or state.step_id != msg.step_id:
         raise StaleStepError(f"{msg.sid} no longer waits for {msg.step_id}")
-    event = EXECUTORS[msg.kind](rt, state, msg)
+    return state
+
+
+def _execute(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Any:
+    event = EXECUTORS[msg.kind](rt, _current(rt, msg, state), msg)
     wait_barrier(rt, f"{msg.kind}:complete", msg.step_id)
     return event
 
 
+def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> str:
+    """Group commit: this STORE and up to ``store_group - 1`` of the oldest queued behind it (claimed ahead
+    of their messages) go into one commit; then each step completes on its own. Each step keeps its own
+    fate: one that fails before the commit is failed alone, and a group the writer refuses is stored one
+    by one. Returns this message's outcome."""
+    group = [(msg, state), *rt.ledger.claim_queued_stores(rt.owner, rt.settings.store_group - 1)]
+    leases = rt.step_leases
+    for member, _ in group:
+        leases.add(member.step_id)
+    try:
+        outcomes = [
+            outcome if event is None else _guarded(rt, member, _completion(rt, member, event))[0]
+            for member, outcome, event in _store_group(rt, group)
+        ]
+        return outcomes[0]
+    finally:
+        for member, _ in group:
+            leases.remove(member.step_id)
+
+
+def _store_group(
+    rt: Runtime, group: list[tuple[StepMessage, ShapeState | None]]
+) -> list[tuple[StepMessage, str, Any]]:
+    """(step, outcome, event or None) for each STORE of ``group``, in order."""
+    prepared: dict[str, tuple[ShapeState, StoreRequest]] = {}
+    refused: dict[str, str] = {}  # the outcome of a STORE that failed before the commit
+    for member, state in group:
+
+        def prepare(
+            m: StepMessage = member, st: ShapeState | None = state
+        ) -> tuple[ShapeState, StoreRequest]:
+            current = _current(rt, m, st)
+            return current, store_request_for(rt, current, m)
+
+        outcome, ready = _guarded(rt, member, prepare)
+        if ready is None:
+            refused[member.step_id] = outcome
+        else:
+            prepared[member.step_id] = ready
+    receipts: list[StoreReceipt] | None = None
+    if len(prepared) > 1:
+        try:
+            receipts = rt.writer.apply_group([req for _, req in prepared.values()])
+        except Exception as exc:  # each STORE goes alone, with its own fate (a committed one is a repeat)
+            log.warning("group commit of %d STOREs refused (%s); storing them one by one", len(prepared), exc)
+    by_step = dict(zip(prepared, receipts, strict=True)) if receipts is not None else {}
+    results = []
+    for member, _ in group:
+        if member.step_id in refused:
+            results.append((member, refused[member.step_id], None))
+            continue
+        state, req = prepared[member.step_id]
+        receipt = by_step.get(member.step_id)
+
+        def finish(
+            m: StepMessage = member,
+            st: ShapeState = state,
+            rq: StoreRequest = req,
+            rc: StoreReceipt | None = receipt,
+        ) -> Any:
+            event = store(rt, st, m) if rc is None else stored(rt, st, m, rq, rc)
+            wait_barrier(rt, "store:complete", m.step_id)
+            return event
+
+        outcome, event = _guarded(rt, member, finish)
+        results.append((member, outcome, event))
+    return results
+
+
+def _completion(rt: Runtime, msg: StepMessage, event: Any) -> Callable[[], str]:
+    return lambda: _complete(rt, msg, event)
+
+
 def _complete(rt: Runtime, msg: StepMessage, event: Any) -> str:
-    after = rt.ledger.complete(msg.step_id, msg.epoch, rt.owner, event)
+    after = rt.ledger.complete(msg.step_id, msg.epoch, rt.owner, event, msg.sid)
     log.info("%s %s done -> %s", after.key, msg.kind, after.loop.phase)
     return "done"
 

@@ -6,6 +6,7 @@ harness with exactly one fault; kills land on a barrier, so the victim is always
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,12 @@ from croqq.chaos.stress import StressConfig, run
 pytestmark = pytest.mark.chaos
 TTL = 3.0
 KILLED_STEP_KINDS = {kind for kind, (barrier, _) in KILLS.items() if barrier is not None}
+WRITER_KILLS = sorted(kind for kind, (_, victim) in KILLS.items() if victim == "writer")
 
 
-def stress_once(root: Path, kind: str, agents: int = 6, rounds: int = 6) -> dict[str, object]:
+def stress_once(
+    root: Path, kind: str, agents: int = 6, rounds: int = 6, store_group: int = 1
+) -> dict[str, object]:
     cfg = StressConfig(
         agents_per_dsl=agents,
         round_target=rounds,
@@ -33,6 +37,7 @@ def stress_once(root: Path, kind: str, agents: int = 6, rounds: int = 6) -> dict
         fault_seconds=6.0,
         timeout_s=240.0,
         log_level="INFO",
+        store_group=store_group,
     )
     result = run(cfg)
     assert result.ok, result.problems
@@ -53,3 +58,20 @@ def test_fault_loses_and_duplicates_nothing(short_tmp: Path, kind: str) -> None:
     if kind == "gpu_foreign_process":  # transient: the GPU waits it out, no quarantine
         assert summary["quarantines"] == 0
     assert kind in GPU_FAULTS or summary["redispatches"] >= (1 if kind in KILLED_STEP_KINDS else 0)
+
+
+@pytest.mark.parametrize("kind", WRITER_KILLS)
+def test_a_writer_killed_mid_group_commit_loses_and_duplicates_nothing(short_tmp: Path, kind: str) -> None:
+    summary = stress_once(short_tmp, kind, store_group=8)
+    assert summary["faults_injected"] == {kind: 1}, summary["faults_not_landed"]
+    assert (summary["rounds_lost"], summary["duplicates"]) == (0, 0)
+    assert summary["rounds_stored"] == summary["rounds_expected"] == 36
+    assert summary["validate_ok"] is True and summary["redispatches"] >= 1
+    assert summary["recovery_max_s"] is not None and summary["recovery_max_s"] <= 2 * TTL + 1.0
+    subjects = subprocess.run(
+        ["git", "-C", str(short_tmp / "run" / "cluster" / "results"), "log", "--format=%s"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert any(s.startswith("store: ") and not s.startswith("store: 1 ") for s in subjects)  # groups formed

@@ -3,29 +3,57 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from croqq.chaos.invariants import iteration_commits, repo_problems
 from croqq.delivery import keys
 from croqq.delivery.queues import BUILD, TASK_BUILD
 from croqq.processes.app import make_app
 from croqq.processes.local import LocalCluster
 from croqq.store.paths import RunPaths
 from croqq.store.render import parse_tsv
-from croqq.store.validate import validate_repo
 
 pytestmark = pytest.mark.slow
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
 PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+ITER_LINE = re.compile(r"^(\S+ iter\d{3}): ")
+GROUP_SUBJECT = re.compile(r"^store: (\d+) record\(s\)$")
 
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def assert_every_record_agrees(repo: Path, shapes: int, max_iter: int) -> None:
+    """Each iteration committed once; results.tsv, rounds, checkpoint, state.json, best kernel agree."""
+    iterations = iteration_commits(repo)  # a group commit counts each iteration it stores
+    assert len(iterations) == shapes * (max_iter + 1) and set(iterations.values()) == {1}
+    state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
+    assert len(state) == shapes
+    for key, entry in state.items():
+        rows = parse_tsv((repo / PATHS.results_tsv(key)).read_text())
+        assert [r.iter for r in rows] == list(range(max_iter + 1))
+        ckpt = json.loads((repo / PATHS.checkpoint(key)).read_text())
+        assert (ckpt["current_iter"], ckpt["status"], entry["status"]) == (max_iter, "done", "done")
+        best = rows[ckpt["best_iter"]]
+        assert (
+            best.decision in ("KEEP", "BASELINE")
+            and ckpt["best_tflops"] == entry["best_tflops"] == best.tflops
+        )
+        assert all(r.decision != "KEEP" for r in rows[best.iter + 1 :])
+        rounds = (repo / PATHS.rounds_raw(key)).read_text().splitlines()
+        assert [json.loads(line)["iteration"] for line in rounds] == list(range(max_iter + 1))
+        measures = [json.loads(line)["measure"] for line in rounds]  # each GPU step's interval (croqq report)
+        assert all(m["gpu_started_at"] > 0 and m["gpu_busy_s"] > 0 for m in measures)
+        assert (repo / "kernels" / "gemm_f16" / f"{key}_best.cu").exists()
+    assert repo_problems(repo) == []  # croqq validate's checks, one commit per iteration, git fsck
+    assert git(repo, "status", "--porcelain") == ""
 
 
 def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster_env: dict[str, str]) -> None:
@@ -38,28 +66,37 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
         assert client.zcard(keys.RUNNING) == 0 and client.zcard(keys.OUTBOX) == 0
     repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
     subjects = git(repo, "log", "--format=%s").splitlines()
-    iterations = Counter(s.split(":")[0] for s in subjects if " iter" in s)
-    assert len(iterations) == 15 and set(iterations.values()) == {1}
-    state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
-    assert len(state) == 3
-    for key, entry in state.items():
-        rows = parse_tsv((repo / PATHS.results_tsv(key)).read_text())
-        assert [r.iter for r in rows] == [0, 1, 2, 3, 4]
-        ckpt = json.loads((repo / PATHS.checkpoint(key)).read_text())
-        assert (ckpt["current_iter"], ckpt["status"], entry["status"]) == (4, "done", "done")
-        best = rows[ckpt["best_iter"]]
+    assert len([s for s in subjects if ITER_LINE.match(s)]) == 15  # by default, one commit per iteration
+    assert_every_record_agrees(repo, shapes=3, max_iter=4)
+
+
+def test_group_commit_stores_the_queued_iterations_together_each_exactly_once(
+    cluster_env: dict[str, str],
+) -> None:
+    env = cluster_env | {"CROQQ_STORE_GROUP": "8", "CROQQ_PIPELINE_DEPTH_MODE": "fixed"}
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        client = cluster.client
+        client.set(keys.barrier("store"), "1")  # the writer holds its first STORE until 3 more are queued
+        sub = cluster.submit("f16", max_iter=3, limit=4)
+        deadline = time.monotonic() + 60
+        while client.zcard(keys.QUEUED_STORES) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.zcard(keys.QUEUED_STORES) >= 3
+        client.delete(keys.barrier("store"))
+        snap = cluster.wait_done(sub, timeout_s=120)
+        assert snap.total.done == 4 and snap.total.iters_done == 16
         assert (
-            best.decision in ("KEEP", "BASELINE")
-            and ckpt["best_tflops"] == entry["best_tflops"] == best.tflops
+            client.zcard(keys.RUNNING) == client.zcard(keys.OUTBOX) == client.zcard(keys.QUEUED_STORES) == 0
         )
-        assert all(r.decision != "KEEP" for r in rows[best.iter + 1 :])
-        rounds = (repo / PATHS.rounds_raw(key)).read_text().splitlines()
-        assert [json.loads(line)["iteration"] for line in rounds] == [0, 1, 2, 3, 4]
-        measures = [json.loads(line)["measure"] for line in rounds]  # each GPU step's interval (croqq report)
-        assert all(m["gpu_started_at"] > 0 and m["gpu_busy_s"] > 0 for m in measures)
-        assert (repo / "kernels" / "gemm_f16" / f"{key}_best.cu").exists()
-    assert validate_repo(repo, None) == []
-    assert git(repo, "status", "--porcelain") == ""
+    repo = Path(env["CROQQ_RESULTS_REPO"])
+    groups = [
+        int(m.group(1)) for m in map(GROUP_SUBJECT.match, git(repo, "log", "--format=%s").splitlines()) if m
+    ]
+    assert groups and max(groups) >= 3  # the three queued behind the held STORE went into one commit
+    assert_every_record_agrees(repo, shapes=4, max_iter=3)
+    log = (Path(env["CROQQ_RUN_DIR"]) / "logs" / "writer.log").read_text()
+    assert "step is done" in log  # a STORE taken into an earlier commit: its own message was dropped
 
 
 def test_a_payload_that_fails_validation_is_logged_and_dropped(cluster_env: dict[str, str]) -> None:

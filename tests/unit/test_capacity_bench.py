@@ -6,10 +6,12 @@ import pytest
 
 from croqq.bench.capacity_bench import (
     _label,
+    busy_s,
     capacity_limits,
     chain_plan,
     heartbeat_calls,
     heartbeats_per_iteration,
+    stores_per_commit,
 )
 
 
@@ -81,3 +83,22 @@ def test_croqq_and_floor_processes_are_compared_by_the_queue_they_serve() -> Non
     floor = {"floor store": 0.2, "floor gpu.GPU-0": 0.05, "floor gpu.GPU-1 (pool)": 0.05}
     assert _by_part(croqq, 100) == {"beat": 1.0, "gpu": 4.0, "store": 5.0}
     assert _by_part(floor, 100) == {"gpu": 1.0, "store": 2.0}
+
+
+def test_the_writers_busy_time_counts_overlapping_store_steps_once() -> None:
+    assert busy_s([]) == 0.0
+    assert busy_s([(0.0, 1.0), (2.0, 3.0)]) == 2.0  # apart: both count
+    assert busy_s([(0.0, 2.0), (0.5, 1.0), (1.5, 3.0)]) == 3.0  # one group: the union
+    assert busy_s([(5.0, 6.0), (0.0, 1.0), (0.5, 2.0)]) == 3.0  # any order
+
+
+def test_stores_per_commit_reads_group_sizes_from_the_subjects() -> None:
+    subjects = [
+        "store: 3 record(s)",
+        "f16_256x256x256 iter004: raise stages - TFLOPS: 1.00 -> 2.00 (KEEP)",
+        "e4m3_1024x1024x1024 attempt2: bigger tile - compile failed (no iteration)",
+        "submit: sub-1 (3 shape(s))",
+        "summary: sm90/cuda (3 shapes)",
+    ]
+    assert stores_per_commit(subjects) == 5 / 3
+    assert stores_per_commit(["submit: sub-1 (3 shape(s))"]) == 0.0

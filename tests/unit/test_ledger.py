@@ -20,6 +20,7 @@ from croqq.domain.schedule import build_schedule
 from croqq.errors import StaleStepError
 from croqq.placement import registry
 from croqq.placement.assign import Placement
+from croqq.processes.redis_server import RedisServer
 from croqq.settings import Settings
 from croqq.work import history, stats
 from croqq.work.advance import Advance
@@ -353,3 +354,98 @@ def test_a_process_renews_all_its_step_leases_in_one_call_per_beat() -> None:
     leases.remove("a#1.x")  # removing twice (a step given back, then finished) is harmless
     heartbeat.beat_now()
     assert calls == [["a#1.x", "b#2.x"], ["b#2.x"]]
+
+
+def store_steps(cluster: Cluster, shapes: int) -> list[StepRecord]:
+    """``shapes`` shapes measured to their first STORE (baseline done); their STORE steps, oldest first."""
+    cluster.submit(shapes)
+    for _ in range(shapes):
+        step = baseline_step(cluster)
+        cluster.ledger.claim(step.step_id, 0, "gpu", step.kind, step.sid)
+        cluster.ledger.complete(step.step_id, 0, "gpu", baseline_event())
+    stores = [r for r in cluster.published if r.kind == "store"]
+    assert len(stores) == shapes
+    return stores
+
+
+def test_the_writer_claims_the_oldest_queued_stores_before_their_messages(redis_client: redis.Redis) -> None:
+    cluster = Cluster(redis_client, depth=4)
+    cluster.add_gpu("GPU-a")
+    first, *queued = store_steps(cluster, 4)
+    assert cluster.ledger.claim(first.step_id, 0, "writer", "store", first.sid)[0] == "ok"
+    assert redis_client.zcard(keys.QUEUED_STORES) == 3  # a claim takes its step out of the index
+    claimed = cluster.ledger.claim_queued_stores("writer", 2)
+    assert [(m.step_id, m.epoch, m.sid, m.kind) for m, _ in claimed] == [
+        (r.step_id, 0, r.sid, "store") for r in queued[:2]
+    ]
+    assert all(state is not None and state.step_id == m.step_id for m, state in claimed)
+    for msg, _ in claimed:  # running under the writer's lease; their own messages are duplicates now
+        assert cluster.ledger.load_step(msg.step_id).owner == "writer"  # type: ignore[union-attr]
+        assert redis_client.zscore(keys.RUNNING, msg.step_id) is not None
+        assert cluster.ledger.claim(msg.step_id, 0, "writer", "store", msg.sid)[0] == "running"
+    assert [m.step_id for m, _ in cluster.ledger.claim_queued_stores("writer", 8)] == [queued[2].step_id]
+    assert cluster.ledger.claim_queued_stores("writer", 8) == []
+    assert redis_client.zcard(keys.QUEUED_STORES) == 0
+    done = cluster.ledger.complete(claimed[0][0].step_id, 0, "writer", Stored(iteration=0))
+    assert done.loop.phase != Phase.STORE
+
+
+def test_a_dropped_or_requeued_store_is_claimed_only_as_it_now_is(redis_client: redis.Redis) -> None:
+    cluster = Cluster(redis_client, depth=4, ttl=0.05)
+    cluster.add_gpu("GPU-a")
+    dropped, expired = store_steps(cluster, 2)
+    with redis_client.pipeline() as pipe:
+        pipe.multi()
+        cluster.ledger.drop_step(pipe, dropped.step_id)
+        pipe.execute()
+    assert cluster.ledger.claim(expired.step_id, 0, "old-writer", "store", expired.sid)[0] == "ok"
+    time.sleep(0.1)
+    assert cluster.ledger.expire_leases() == 1  # back in the queue with epoch 1
+    [(msg, _)] = cluster.ledger.claim_queued_stores("writer", 8)
+    assert (msg.step_id, msg.epoch) == (expired.step_id, 1)
+    with pytest.raises(StaleStepError):  # the old holder's result changes nothing
+        cluster.ledger.complete(expired.step_id, 0, "old-writer", Stored(iteration=0))
+    cluster.ledger.complete(expired.step_id, 1, "writer", Stored(iteration=0))
+
+
+def test_lease_renewals_stay_out_of_the_aof_and_a_restart_grants_every_running_step_one_ttl(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    ttl = 1.0
+    cluster = Cluster(redis_client, depth=2, ttl=ttl)
+    cluster.add_gpu("GPU-a")
+    cluster.submit(2)
+    alive, dead = baseline_step(cluster), baseline_step(cluster)
+    for step, owner in ((alive, "w-alive"), (dead, "w-dead")):
+        assert cluster.ledger.claim(step.step_id, 0, owner, step.kind, step.sid)[0] == "ok"
+    assert cluster.ledger.expire_leases() == 0  # the first tick records the run id
+    aof = redis_client.info("persistence")["aof_current_size"]
+    for _ in range(20):
+        assert cluster.ledger.heartbeat([alive.step_id], "w-alive") == 1
+    assert redis_client.info("persistence")["aof_current_size"] == aof  # renewals: memory only
+    time.sleep(ttl + 0.2)  # both claims' persisted deadlines pass
+    redis_server.kill()
+    redis_server.start()
+    client = redis_server.client()
+    ledger = Ledger(client, ttl, cluster.ledger.advance, cluster.published.append)
+    assert client.zcard(keys.RUNNING) == 2  # the AOF kept the claims, with their deadlines
+    assert ledger.expire_leases() == 0  # a new run id: one TTL for each running step
+    assert ledger.grant_restart_grace() == 0  # once per run id
+    for _ in range(3):  # the live holder renews; the dead one's lease runs out one TTL after the restart
+        time.sleep(0.45)
+        ledger.heartbeat([alive.step_id], "w-alive")
+    assert ledger.expire_leases() == 1
+    assert (ledger.load_step(dead.step_id).epoch, ledger.load_step(alive.step_id).status) == (1, "running")  # type: ignore[union-attr]
+    client.close()
+
+
+def test_a_result_naming_another_shape_is_stale_and_changes_nothing(cluster: Cluster) -> None:
+    first, second = cluster.submit(2)
+    step = baseline_step(cluster)
+    other = second if step.sid == first else first
+    cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)
+    with pytest.raises(StaleStepError):
+        cluster.ledger.complete(step.step_id, 0, "w1", baseline_event(), sid=other)
+    assert cluster.ledger.load_step(step.step_id).status == "running"  # type: ignore[union-attr]
+    state = cluster.ledger.complete(step.step_id, 0, "w1", baseline_event(), sid=step.sid)
+    assert state.loop.phase == Phase.STORE

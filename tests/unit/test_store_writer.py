@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from croqq.bench.samples import sample_requests
+from croqq.chaos.invariants import repo_problems
 from croqq.errors import InvalidRecordError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
 from croqq.store.load import list_runs, load_checkpoint, load_state, tried_hashes
-from croqq.store.render import commit_message, parse_tsv
+from croqq.store.render import commit_message, group_commit_message, parse_tsv, stored_in_message
 from croqq.store.schema import StoreRequest
 from croqq.store.validate import validate_repo
 from croqq.store.writer import ResultsWriter
@@ -158,6 +159,26 @@ def test_group_commit_stores_many_requests_in_one_commit(writer: ResultsWriter) 
     assert len(subjects(writer.repo)) == 1
     assert all(r.duplicate for r in writer.apply_group(reqs))
     assert validate_repo(writer.repo.path, None) == []
+    iterations = [(r.gpu + "/" + r.dsl, r.key, r.round.iteration) for r in reqs if r.round is not None]
+    message = subprocess.run(
+        ["git", "-C", str(writer.repo.path), "log", "-1", "--format=%B"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert sorted(stored_in_message(message)) == sorted(iterations)
+    assert repo_problems(writer.repo.path) == []  # each iteration of the group commit counted once
+
+
+def test_a_commit_message_names_the_iterations_it_stores() -> None:
+    first, second = [r for r in requests(iters=2) if r.round is not None][:2]
+    named = [(f"{GPU}/{DSL}", r.key, r.round.iteration if r.round else -1) for r in (first, second)]
+    single = commit_message(first)
+    assert stored_in_message(single) == named[:1]
+    group = group_commit_message([first, second])
+    assert group.startswith("store: 2 record(s)\n\n") and single in group
+    assert stored_in_message(group) == named
+    assert stored_in_message(single.split("\n\n")[0]) == []  # an iteration line without its run trailer
 
 
 def test_an_iteration_that_would_leave_a_gap_is_refused(writer: ResultsWriter) -> None:
