@@ -349,31 +349,54 @@ class Ledger:
             if record0 is None:
                 raise StaleStepError(f"step {step_id} no longer exists")
             sid = record0.sid
-        shape_sid = sid
-        watch = [keys.step(step_id), keys.shape(shape_sid)]
-
-        def body(pipe: Any) -> tuple[ShapeState, StepRecord | None]:
-            record = self.load_step(step_id, pipe)
-            state = self.load_shape(shape_sid, pipe)
-            if record is None or state is None or record.sid != shape_sid:
-                raise StaleStepError(f"step {step_id} or its shape {shape_sid} vanished (or it is another's)")
-            self._check_holder(record, state, epoch, owner)
-            now = clock.now(self.client)
-            write = self.advance.apply(record, state, event, now)
-            queue = self.queue_for(state, pipe)
-            pipe.multi()
-            write(pipe)
-            pipe.hset(keys.step(step_id), mapping={"status": DONE, "finished_at": repr(now)})
-            pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
-            pipe.zrem(keys.RUNNING, step_id)
-            nxt = self.plan_step(pipe, state, queue)
-            self.save_shape(pipe, state)
-            return state, nxt
-
-        final, nxt = self.txn.run(watch, body)
-        self.publish([nxt])
-        self.advance.after(final)
+        (final,) = self.complete_many([(step_id, epoch, sid, event)], owner)
+        if isinstance(final, StaleStepError):
+            raise final
         return final
+
+    def complete_many(
+        self, results: Sequence[tuple[str, int, str, Any]], owner: str
+    ) -> list[ShapeState | StaleStepError]:
+        """:meth:`complete` for several steps of ``owner`` in ONE transaction (a group commit's STOREs):
+        ``results`` holds (step id, epoch, sid, event) per step. Returns, in order, each shape's new state,
+        or the StaleStepError of a step that is no longer ours (it changes nothing; the others complete)."""
+        watch = [key for step_id, _, sid, _ in results for key in (keys.step(step_id), keys.shape(sid))]
+
+        def body(pipe: Any) -> tuple[list[ShapeState | StaleStepError], list[StepRecord | None]]:
+            outcomes: list[ShapeState | StaleStepError] = []
+            plans = []
+            now = clock.now(self.client)
+            for step_id, epoch, sid, event in results:
+                record, state = self.load_step(step_id, pipe), self.load_shape(sid, pipe)
+                try:
+                    if record is None or state is None or record.sid != sid:
+                        raise StaleStepError(
+                            f"step {step_id} or its shape {sid} vanished (or it is another's)"
+                        )
+                    self._check_holder(record, state, epoch, owner)
+                except StaleStepError as exc:
+                    outcomes.append(exc)
+                    continue
+                write = self.advance.apply(record, state, event, now)
+                plans.append((step_id, state, write, self.queue_for(state, pipe)))
+                outcomes.append(state)
+            pipe.multi()
+            nexts = []
+            for step_id, state, write, queue in plans:
+                write(pipe)
+                pipe.hset(keys.step(step_id), mapping={"status": DONE, "finished_at": repr(now)})
+                pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
+                pipe.zrem(keys.RUNNING, step_id)
+                nexts.append(self.plan_step(pipe, state, queue))
+                self.save_shape(pipe, state)
+            return outcomes, nexts
+
+        outcomes, nexts = self.txn.run(watch, body)
+        self.publish(nexts)
+        for outcome in outcomes:
+            if isinstance(outcome, ShapeState):
+                self.advance.after(outcome)
+        return outcomes
 
     @staticmethod
     def _check_holder(record: StepRecord, state: ShapeState, epoch: int, owner: str) -> None:

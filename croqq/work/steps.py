@@ -101,19 +101,19 @@ def _execute(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Any:
 
 def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> str:
     """Group commit: this STORE and up to ``store_group - 1`` of the oldest queued behind it (claimed ahead
-    of their messages) go into one commit; then each step completes on its own. Each step keeps its own
-    fate: one that fails before the commit is failed alone, and a group the writer refuses is stored one
-    by one. Returns this message's outcome."""
+    of their messages) go into one commit, then complete in one transaction. Each step keeps its own
+    fate: one that fails before the commit is failed alone, a group the writer refuses is stored one by
+    one, and a stale step does not hold up the others. Returns this message's outcome."""
     group = [(msg, state), *rt.ledger.claim_queued_stores(rt.owner, rt.settings.store_group - 1)]
     leases = rt.step_leases
     for member, _ in group:
         leases.add(member.step_id)
     try:
-        outcomes = [
-            outcome if event is None else _guarded(rt, member, _completion(rt, member, event))[0]
-            for member, outcome, event in _store_group(rt, group)
-        ]
-        return outcomes[0]
+        settled = _store_group(rt, group)
+        completed = _complete_group(
+            rt, [(member, event) for member, _, event in settled if event is not None]
+        )
+        return completed.get(msg.step_id, settled[0][1])
     finally:
         for member, _ in group:
             leases.remove(member.step_id)
@@ -166,6 +166,26 @@ def _store_group(
         outcome, event = _guarded(rt, member, finish)
         results.append((member, outcome, event))
     return results
+
+
+def _complete_group(rt: Runtime, done: list[tuple[StepMessage, Any]]) -> dict[str, str]:
+    """Complete a group's stored STOREs in one transaction; step id -> outcome."""
+    if not done:
+        return {}
+    try:
+        results = rt.ledger.complete_many([(m.step_id, m.epoch, m.sid, event) for m, event in done], rt.owner)
+    except Exception as exc:  # one transaction: applied to none (or to all: then each alone is stale)
+        log.warning("completing %d STOREs together failed (%s); completing them one by one", len(done), exc)
+        return {m.step_id: _guarded(rt, m, _completion(rt, m, event))[0] for m, event in done}
+    outcomes = {}
+    for (member, _), result in zip(done, results, strict=True):
+        if isinstance(result, StaleStepError):
+            log.warning("%s: %s", member.step_id, result)
+            outcomes[member.step_id] = "stale"
+        else:
+            log.info("%s store done -> %s", result.key, result.loop.phase)
+            outcomes[member.step_id] = "done"
+    return outcomes
 
 
 def _completion(rt: Runtime, msg: StepMessage, event: Any) -> Callable[[], str]:

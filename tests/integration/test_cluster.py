@@ -77,12 +77,12 @@ def test_group_commit_stores_the_queued_iterations_together_each_exactly_once(
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
         client = cluster.client
-        client.set(keys.barrier("store"), "1")  # the writer holds its first STORE until 3 more are queued
+        client.set(keys.barrier("store"), "1")  # the writer holds its first STORE until 2 more are queued
         sub = cluster.submit("f16", max_iter=3, limit=4)
         deadline = time.monotonic() + 60
-        while client.zcard(keys.QUEUED_STORES) < 3 and time.monotonic() < deadline:
+        while client.zcard(keys.QUEUED_STORES) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert client.zcard(keys.QUEUED_STORES) >= 3
+        assert client.zcard(keys.QUEUED_STORES) >= 2
         client.delete(keys.barrier("store"))
         snap = cluster.wait_done(sub, timeout_s=120)
         assert snap.total.done == 4 and snap.total.iters_done == 16
@@ -93,7 +93,7 @@ def test_group_commit_stores_the_queued_iterations_together_each_exactly_once(
     groups = [
         int(m.group(1)) for m in map(GROUP_SUBJECT.match, git(repo, "log", "--format=%s").splitlines()) if m
     ]
-    assert groups and max(groups) >= 3  # the three queued behind the held STORE went into one commit
+    assert groups and max(groups) >= 2  # those queued behind the held STORE went into one commit
     assert_every_record_agrees(repo, shapes=4, max_iter=3)
     log = (Path(env["CROQQ_RUN_DIR"]) / "logs" / "writer.log").read_text()
     assert "step is done" in log  # a STORE taken into an earlier commit: its own message was dropped

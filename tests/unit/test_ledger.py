@@ -449,3 +449,30 @@ def test_a_result_naming_another_shape_is_stale_and_changes_nothing(cluster: Clu
     assert cluster.ledger.load_step(step.step_id).status == "running"  # type: ignore[union-attr]
     state = cluster.ledger.complete(step.step_id, 0, "w1", baseline_event(), sid=step.sid)
     assert state.loop.phase == Phase.STORE
+
+
+def test_a_group_completes_in_one_transaction_and_a_stale_member_holds_up_no_other(
+    redis_client: redis.Redis,
+) -> None:
+    cluster = Cluster(redis_client, depth=3)
+    cluster.add_gpu("GPU-a")
+    first = store_steps(cluster, 3)[0]
+    assert cluster.ledger.claim(first.step_id, 0, "writer", "store", first.sid)[0] == "ok"
+    claimed = [m for m, _ in cluster.ledger.claim_queued_stores("writer", 8)]
+    assert len(claimed) == 2
+    cluster.published.clear()
+    results = cluster.ledger.complete_many(
+        [(first.step_id, 0, first.sid, Stored(iteration=0))]
+        + [(m.step_id, 7 if i == 0 else m.epoch, m.sid, Stored(iteration=0)) for i, m in enumerate(claimed)],
+        "writer",
+    )
+    assert isinstance(results[1], StaleStepError)  # another epoch: not this writer's to complete
+    assert [r.loop.phase for r in (results[0], results[2])] == [Phase.PROFILE] * 2  # type: ignore[union-attr]
+    assert [
+        s.status for s in map(cluster.ledger.load_step, (first.step_id, *(m.step_id for m in claimed)))
+    ] == [  # type: ignore[union-attr]
+        "done",
+        "running",
+        "done",
+    ]
+    assert sorted(r.sid for r in cluster.published) == sorted([first.sid, claimed[1].sid])  # next steps
