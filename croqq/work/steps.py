@@ -11,6 +11,9 @@ shape waits), refused (this host cannot run it: back to the queue, and the worke
 (terminal fault of the shape: it is parked as 'error' until `croqq retry`). A GPU step whose artifact is
 missing from the artifact store (or corrupt) is done: its result is ``ArtifactLost``, and the shape goes to
 a build worker to rebuild it (a GPU host never compiles).
+
+With group commit (``store_group`` above 1) a STORE takes the oldest queued STOREs with it into one commit
+and one completing transaction (:func:`_run_stores`); their own messages are then dropped as duplicates.
 """
 
 from __future__ import annotations
