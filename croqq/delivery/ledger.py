@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from croqq.delivery import clock, keys
 from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
-from croqq.delivery.redis_client import strs, text
+from croqq.delivery.redis_client import redis_run_id, strs, text
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase
 from croqq.errors import StaleStepError
@@ -492,7 +492,7 @@ class Ledger:
         """After Redis restarted (a new run id: a restart, a restore, a failover), give every running step
         one lease TTL from now: lease renewals are not persisted, so the deadlines Redis came back with are
         those of the claims. Returns how many leases were extended (none on a run id already seen)."""
-        run_id = str(self.client.info("server")["run_id"])
+        run_id = redis_run_id(self.client)
         deadline = clock.now(self.client) + self.lease_ttl_s
         granted = int(self._grace(keys=[keys.RUNNING, keys.LEASE_RUN], args=[run_id, repr(deadline)]))
         if granted:

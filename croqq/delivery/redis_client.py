@@ -48,6 +48,11 @@ def text(value: Any) -> str | None:
     return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
 
 
+def redis_run_id(client: redis.Redis) -> str:
+    """The id of the running Redis process: it changes on every restart, restore or failover."""
+    return str(client.info("server")["run_id"])
+
+
 def make_client(url: str, settings: Settings | None = None, retries: int = 600) -> redis.Redis:
     """A client that rides out a Redis restart: up to ``retries`` reconnects, backing off to 1 s apart."""
     kwargs: dict[str, object] = {}

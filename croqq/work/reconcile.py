@@ -29,7 +29,7 @@ import redis
 
 from croqq.delivery import keys
 from croqq.delivery.ledger import QUEUED, RUNNING, StepRecord
-from croqq.delivery.redis_client import strs, text
+from croqq.delivery.redis_client import redis_run_id, strs, text
 from croqq.delivery.state import make_sid, split_sid
 from croqq.domain.fsm import Phase
 from croqq.placement.assign import release_gpu
@@ -41,10 +41,6 @@ if TYPE_CHECKING:
     from croqq.store.gitrepo import GitRepo
 
 log = logging.getLogger(__name__)
-
-
-def redis_run_id(client: redis.Redis) -> str:
-    return str(client.info("server")["run_id"])
 
 
 def redis_forgot(client: redis.Redis) -> bool:
