@@ -13,8 +13,9 @@ CPU seconds per stored iteration. At real cadence two costs that a zero-time run
   call and a GPU worker or prefork build child one (:func:`heartbeat_calls`); each call is priced by
   timing ``Ledger.heartbeat`` on that many running steps on the same server;
 - idle traffic: the idle cluster's rate is measured for ``IDLE_S`` after each batch, then with its GPU
-  workers stopped; the difference over ``GPUS`` is one GPU's own (its worker's heartbeats and polling),
-  the rest is shared (coordinator, beat, writer, build and ideate workers).
+  workers stopped and their GPUs out of the registry; the difference over ``GPUS`` is one GPU's own (its
+  worker's heartbeats and polling, the coordinator's work for it on each tick), the rest is shared
+  (coordinator, beat, writer, build and ideate workers).
 
 With ``always``, Redis fsyncs its AOF once per event-loop cycle that wrote, and at 4 GPUs most cycles
 carry one client's write: the per-write cost measured here is what a small fleet pays, an upper bound
@@ -74,8 +75,9 @@ REDIS_CORES = 1.0  # Redis executes commands on one thread
 NIC_BYTES_PER_S = 125e6  # 1 Gb/s, a conservative NIC for the Redis host
 TARGET_GPUS = 2000
 GPUS, DEPTH, SHAPES, MAX_ITER = 4, 4, 32, 10
-IDLE_S, SETTLE_S = 5.0, 2.0
+IDLE_S, SETTLE_S = 10.0, 2.0
 HEARTBEATS = 2000
+TICKS = 5  # coordinator ticks priced at TARGET_GPUS registered GPUs
 GROUP = 16  # the group-commit run's CROQQ_STORE_GROUP
 ROUNDS = 2
 HISTORY_RUNS, HISTORY_DEPTH, HOT_KEYS, MEASURED = 4, 94, 5, 20  # 4 x 268 keys x 94 = 100,768 iterations
@@ -336,13 +338,20 @@ def _idle_rate(client: Any, seconds: float) -> RedisCounters:
 
 
 def _stop_gpu_workers(cluster: Any) -> None:
-    """Stop the cluster's GPU workers for good (the supervisor does not restart them)."""
+    """Stop the cluster's GPU workers for good (the supervisor does not restart them) and take their GPUs out
+    of the registry: what the coordinator does per GPU on each tick is a GPU's cost too."""
+    from croqq.delivery import keys
+
     children = [cluster.supervisor.children[name] for name in cluster.gpu_names]
     for child in children:
         child.restart = False
         cluster.supervisor.signal(child.name, signal.SIGTERM)
     for child in children:
         child.popen.wait(timeout=30)
+    uuids = list(cluster.client.smembers(keys.GPUS))
+    if uuids:
+        cluster.client.srem(keys.GPUS, *uuids)
+        cluster.client.delete(*(keys.gpu(u) for u in uuids))
     time.sleep(SETTLE_S)
 
 
@@ -473,6 +482,42 @@ def heartbeat_cost(server: Any, batch: int = 1, count: int = HEARTBEATS) -> Redi
     client.delete(*(keys.step(step) for step in steps))
     client.zrem(keys.RUNNING, *steps)
     return cost
+
+
+def tick_cost(server: Any, gpus: int = TARGET_GPUS, ticks: int = TICKS) -> tuple[RedisCounters, float]:
+    """Redis's cost of the coordinator's per-GPU work on one housekeeping tick (the offline check and the
+    fill, :func:`croqq.work.housekeeping.reconcile`) with ``gpus`` registered GPUs, each holding ``DEPTH``
+    shapes and none waiting: a fleet's steady state, on the (flushed) server under ``appendfsync always``.
+    Returns the counters and the AOF bytes appended, per tick."""
+    from croqq.delivery import keys
+    from croqq.delivery.ledger import Ledger
+    from croqq.placement import registry
+    from croqq.placement.assign import Placement
+    from croqq.settings import Settings
+
+    client = server.client()
+    client.flushall()
+    client.config_set("appendfsync", "always")
+    settings = Settings(pipeline_depth=DEPTH)
+    for i in range(gpus):
+        uuid = f"GPU-bench-{i:05d}"
+        entry = registry.GpuEntry(
+            uuid=uuid, host=f"h{i // 8}", index=i % 8, gpu_type="sm90_bench", queue=f"gpu.{uuid}", owner="b"
+        )
+        registry.register_gpu(client, entry)
+        client.set(keys.lease(f"gpu:{uuid}"), "b")
+        client.sadd(keys.active(uuid), *(f"{uuid}/s{d}" for d in range(DEPTH)))
+    placement = Placement(settings, client, Ledger(client, settings.lease_ttl_s, advance=None))  # type: ignore[arg-type]
+    placement.release_offline_gpus()
+    placement.fill_all()  # the scripts' loads and the first depths stay out
+    before, aof = RedisCounters.read(client), client.info("persistence")["aof_current_size"]
+    for _ in range(ticks):
+        placement.release_offline_gpus()
+        placement.fill_all()
+    appended = (client.info("persistence")["aof_current_size"] - aof) / ticks
+    cost = (RedisCounters.read(client) - before).scaled(1.0 / ticks)
+    client.flushall()
+    return cost, appended
 
 
 @dataclass
@@ -619,6 +664,7 @@ def capacity(work: Path) -> dict[str, object]:
     try:
         sides, steps, total = capacity_run(work / "cluster", server, batches)
         grouped = group_run(work / "group", server)
+        tick, tick_aof = tick_cost(server)
     finally:
         server.stop()
     writer = writer_commit_s(work / "writer")
@@ -685,6 +731,12 @@ def capacity(work: Path) -> dict[str, object]:
         "capacity_gpus_group": limits_group["capacity_gpus"],
         "capacity_saturates_first_group": limits_group["capacity_saturates_first"],
     }
+    out |= {
+        "capacity_coordinator_tick_gpus": TARGET_GPUS,
+        "capacity_coordinator_tick_commands": round(sum(tick.calls.values())),
+        "capacity_coordinator_tick_redis_cpu_ms": round(1e3 * tick.cpu_s, 2),
+        "capacity_coordinator_tick_aof_bytes": round(tick_aof),
+    }
     out["capacity_redis_top_commands_per_iter"] = sides["always"].iterations.top(8, 1.0)
     # the writer with neither Redis nor git fsyncing: the everysec store step, its shallow commit (git fsync
     # on) replaced by one at 100k without fsync
@@ -700,18 +752,18 @@ def capacity(work: Path) -> dict[str, object]:
     out["capacity_target_gpus"] = TARGET_GPUS
     out["capacity_assumptions"] = (
         f"one stored iteration per GPU every {CADENCE_S:g} s; every part at {HEADROOM:.0%} of its budget: "
-        f"Redis {REDIS_CORES:g} core, NIC {NIC_BYTES_PER_S * 8 / 1e9:g} Gb/s, one writer; a running step's "
-        "lease is renewed every TTL/4 (10 s TTL) at the sim's real step durations, a process's steps in one "
-        "call (busy ideate workers renew ideate_concurrency steps per call, GPU workers and prefork build "
-        "children one), each call priced on that many steps; a GPU's idle cost = the idle cluster's minus "
-        "the same cluster without its GPU workers, over the GPUs; the shared idle cost (coordinator, beat, "
-        "shared workers) comes off the budget; the writer's time = the store step's median wall time in the "
-        "cluster (claim to completion) + the median commit's extra cost at 100k iterations of history "
-        "against a shallow repo (no working-tree sync, git fsync on); attempts count as stores; *_everysec: "
-        "the same with Redis's appendfsync everysec (each figure measured in the same run); wall times grow "
-        "with the machine's load; *_group: the writer with group commit (at most "
-        f"{GROUP} STOREs per commit), its time the busy time per STORE (overlapping steps once) plus the "
-        "100k commit's extra cost over the STOREs per commit, beside the same figure without it "
+        f"Redis {REDIS_CORES:g} core, NIC {NIC_BYTES_PER_S * 8 / 1e9:g} Gb/s, one writer; a running step's"
+        " lease is renewed every TTL/4 (10 s TTL) at the sim's real step durations, a process's steps in "
+        "one call (busy ideate workers renew ideate_concurrency steps per call, GPU workers and prefork "
+        "build children one), each call priced on that many steps; a GPU's idle cost = the idle cluster's"
+        " minus the same cluster without its GPU workers and GPUs, over the GPUs; the shared idle cost "
+        "(coordinator, beat, shared workers) comes off the budget; the writer's time = the store step's "
+        "median wall time in the cluster (claim to completion) + the median commit's extra cost at 100k "
+        "iterations of history against a shallow repo (no working-tree sync, git fsync on); attempts "
+        "count as stores; *_everysec: the same with Redis's appendfsync everysec (each figure measured in"
+        " the same run); wall times grow with the machine's load; *_group: the writer with group commit "
+        f"(at most {GROUP} STOREs per commit), its time the busy time per STORE (overlapping steps once) "
+        "plus the 100k commit's extra cost over the STOREs per commit, beside the same figure without it "
         "(writer_busy)"
     )
     log.info("capacity: %s", out)

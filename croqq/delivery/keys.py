@@ -11,16 +11,18 @@ croqq:running                  zset    step ids running, score = lease deadline 
 croqq:queued                   zset    step ids queued, score = last publish time
 croqq:queued:store             zset    the STORE steps among them, score = queued time (group commit takes
                                        the oldest; a claim or a drop removes one)
-croqq:lease_run                string  the Redis run id the step leases' deadlines belong to (renewals are not
-                                       persisted: under a new run id every running step gets one TTL)
+croqq:lease_run                string  the Redis run id the in-memory renewals belong to (step deadlines,
+                                       worker beats, GPU leases are not persisted: under a new run id each
+                                       gets one TTL, croqq/delivery/grace.py)
 croqq:outbox                   zset    step ids committed but maybe not yet published, score = time
 croqq:gpu:<uuid>               hash    GPU registry entry: host type queue status reason quarantined_at
                                        current since (a stored quarantine survives re-registration)
 croqq:gpus                     set     all GPU uuids
 croqq:lease:<name>             string  singleton/GPU lease, or a worker's name (node:<name>@<host>,
-                                       croqq/processes/naming.py): owner id, PX = TTL (renewed by heartbeat)
+                                       croqq/processes/naming.py): owner id, PX = TTL (renewed by heartbeat;
+                                       a GPU lease's renewals in memory only)
 croqq:worker:<node>            hash    a worker process: queues pid host started
-croqq:workers                  zset    worker nodes, score = last heartbeat
+croqq:workers                  zset    worker nodes, score = last heartbeat (in memory only)
 croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
 croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch,
                                        lease_expired, artifact_bytes_put, artifact_bytes_got, ...)

@@ -33,6 +33,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+_RENEW_IN_MEMORY = "redis.set_repl(redis.REPL_NONE)" + _RENEW  # not in the AOF: see croqq.delivery.grace
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -84,12 +85,19 @@ def dead_local(owner: str) -> bool:
 
 
 class Lease:
-    def __init__(self, client: redis.Redis, name: str, owner: str, ttl_s: float) -> None:
+    """``in_memory``: renewals are kept out of the AOF (no fsync per beat); a restarted Redis has the lease
+    back for one TTL only if something records its owner elsewhere (a GPU's registry entry:
+    :mod:`croqq.delivery.grace`). The singletons' renewals are persisted."""
+
+    def __init__(
+        self, client: redis.Redis, name: str, owner: str, ttl_s: float, in_memory: bool = False
+    ) -> None:
         self.client = client
         self.key = keys.lease(name)
         self.name = name
         self.owner = owner
         self.ttl_ms = int(ttl_s * 1000)
+        self._renew_script = _RENEW_IN_MEMORY if in_memory else _RENEW
 
     def try_acquire(self) -> bool:
         return bool(self.client.set(self.key, self.owner, px=self.ttl_ms, nx=True))
@@ -119,7 +127,7 @@ class Lease:
         log.info("acquired lease %s as %s", self.key, self.owner)
 
     def renew(self) -> bool:
-        return bool(self.client.eval(_RENEW, 1, self.key, self.owner, self.ttl_ms))
+        return bool(self.client.eval(self._renew_script, 1, self.key, self.owner, self.ttl_ms))
 
     def held(self) -> bool:
         return bool(self.client.get(self.key) == self.owner)

@@ -29,10 +29,10 @@ from typing import Any, Protocol
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from croqq.delivery import clock, keys
+from croqq.delivery import clock, grace, keys
 from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
-from croqq.delivery.redis_client import redis_run_id, strs, text
+from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase
 from croqq.errors import StaleStepError
@@ -73,15 +73,6 @@ redis.call('ZREM', KEYS[3], ARGV[5])
 redis.call('ZREM', KEYS[5], ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
 return {'ok', redis.call('GET', KEYS[4])}
-"""
-_GRACE = """
-local seen = redis.call('GET', KEYS[2])
-if seen == ARGV[1] then return 0 end
-redis.call('SET', KEYS[2], ARGV[1])
-if not seen then return 0 end
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
-for _, id in ipairs(ids) do redis.call('ZADD', KEYS[1], ARGV[2], id) end
-return #ids
 """
 _CLAIM_STORES = """
 local out = {}
@@ -175,7 +166,6 @@ class Ledger:
         self._claim = client.register_script(_CLAIM)
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._claim_stores = client.register_script(_CLAIM_STORES)
-        self._grace = client.register_script(_GRACE)
 
     # -- reads --------------------------------------------------------------------------------------
 
@@ -323,7 +313,7 @@ class Ledger:
         Renewals change Redis's memory only: they are neither appended to the AOF nor replicated (a
         deadline is worth something only while this Redis runs, and under ``appendfsync always`` each
         persisted renewal would cost an fsync). The claim's deadline is persisted; after a restart every
-        running step gets one TTL (:meth:`grant_restart_grace`)."""
+        running step gets one TTL (:func:`croqq.delivery.grace.grant`)."""
         if not step_ids:
             return 0
         deadline = clock.now(self.client) + self.lease_ttl_s
@@ -488,23 +478,10 @@ class Ledger:
                 count += self.requeue(step_id, f"its owner {owner} died", expect_owner=owner)
         return count
 
-    def grant_restart_grace(self) -> int:
-        """After Redis restarted (a new run id: a restart, a restore, a failover), give every running step
-        one lease TTL from now: lease renewals are not persisted, so the deadlines Redis came back with are
-        those of the claims. Returns how many leases were extended (none on a run id already seen)."""
-        run_id = redis_run_id(self.client)
-        deadline = clock.now(self.client) + self.lease_ttl_s
-        granted = int(self._grace(keys=[keys.RUNNING, keys.LEASE_RUN], args=[run_id, repr(deadline)]))
-        if granted:
-            log.warning(
-                "Redis restarted: %d running step(s) get one lease TTL to renew their leases", granted
-            )
-        return granted
-
     def expire_leases(self) -> int:
         """Re-queue every running step whose lease deadline has passed (after a Redis restart, one TTL
-        after it: :meth:`grant_restart_grace`)."""
-        self.grant_restart_grace()
+        after it: :func:`croqq.delivery.grace.grant`)."""
+        grace.grant(self.client, self.lease_ttl_s)
         expired = strs(self.client.zrangebyscore(keys.RUNNING, "-inf", clock.now(self.client)))
         return sum(self.requeue(sid, "lease expired", only_expired=True) for sid in expired)
 

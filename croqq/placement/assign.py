@@ -59,18 +59,27 @@ class Placement:
     # -- assignment ------------------------------------------------------------------------------------
 
     def fill_all(self, gpu_type: str | None = None) -> int:
-        placed = 0
-        for gpu in registry.all_gpus(self.client):
-            if gpu.status == registry.HEALTHY and (gpu_type is None or gpu.gpu_type == gpu_type):
-                placed += self.fill(gpu.uuid)
-        return placed
+        """:meth:`fill` every healthy GPU (of ``gpu_type``): the registry, the shapes on each GPU and the
+        depths read in a few round trips; only a GPU below its depth with shapes waiting for its type
+        opens a transaction. Costs a few commands per GPU and writes nothing when there is nothing to do."""
+        gpus = registry.all_gpus(self.client)
+        ready = [g for g in gpus if g.status == registry.HEALTHY and gpu_type in (None, g.gpu_type)]
+        now = depth.load(self.client, gpus)
+        limits = depth.choose_all(self.client, self.settings, ready, now)
+        return sum(
+            self._fill(g, limits[g.uuid])
+            for g in ready
+            if now.active[g.uuid] < limits[g.uuid] and now.pending.get(g.gpu_type, 0)
+        )
 
     def fill(self, uuid: str) -> int:
         """Give a healthy GPU pending shapes until it holds its pipeline depth of them."""
         gpu = registry.get_gpu(self.client, uuid)
         if gpu is None or gpu.status != registry.HEALTHY:
             return 0
-        limit = depth.choose(self.client, self.settings, gpu)
+        return self._fill(gpu, depth.choose(self.client, self.settings, gpu))
+
+    def _fill(self, gpu: registry.GpuEntry, limit: int) -> int:
         placed = 0
         while True:
             outcome = self._place_one(gpu.uuid, gpu.gpu_type, gpu.queue, limit)
@@ -188,10 +197,16 @@ class Placement:
         A quarantined GPU holds no shapes and stays quarantined while its worker is away (offline would
         let a returning worker bring it back without its cool-down)."""
         now, count = clock.now(self.client), 0
-        for gpu in registry.all_gpus(self.client):
-            if gpu.status in (registry.OFFLINE, registry.QUARANTINED):
-                continue
-            if self.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
+        gpus = [
+            g
+            for g in registry.all_gpus(self.client)
+            if g.status not in (registry.OFFLINE, registry.QUARANTINED)
+        ]
+        pipe = self.client.pipeline(transaction=False)
+        for gpu in gpus:
+            pipe.exists(keys.lease(f"gpu:{gpu.uuid}"))
+        for gpu, claimed in zip(gpus, pipe.execute(), strict=True):
+            if claimed:
                 if gpu.missing_since:
                     self.client.hset(keys.gpu(gpu.uuid), "missing_since", "0")
                 continue

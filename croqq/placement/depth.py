@@ -64,7 +64,8 @@ MIN_OBSERVATIONS = 20  # steps seen before the depth follows them
 # KEYS = depth hash; ARGV = window steps per unit of depth, the smallest window. Folds the totals added
 # since the last call into the decayed sums, as if those dn steps had come evenly (a long pause between
 # folds weighs no more than the window); returns {off, gpu, steps, depth last chosen} (as strings: Lua
-# numbers would be truncated).
+# numbers would be truncated). Nothing new since the last call: no write (an idle GPU's fill costs no AOF
+# append).
 _FOLD_LUA = """
 local h = redis.call('HMGET', KEYS[1], 'off', 'gpu', 'n', 'off_seen', 'gpu_seen', 'n_seen', 'off_est',
   'gpu_est', 'depth')
@@ -74,6 +75,9 @@ local k = 1 - 1 / math.max(tonumber(ARGV[2]), tonumber(ARGV[1]) * (tonumber(h[9]
 local dn = math.max(0, v[3] - v[6])
 local scale = 1
 if dn > 0 then scale = (1 - k ^ dn) / (1 - k) / dn end
+if dn == 0 and v[1] == v[4] and v[2] == v[5] then
+  return {h[7] or '0', h[8] or '0', tostring(v[3]), h[9] or '0'}
+end
 local off = v[7] * k ^ dn + math.max(0, v[1] - v[4]) * scale
 local gpu = v[8] * k ^ dn + math.max(0, v[2] - v[5]) * scale
 redis.call('HSET', KEYS[1], 'off_seen', h[1] or '0', 'gpu_seen', h[2] or '0', 'n_seen', h[3] or '0',
@@ -109,48 +113,97 @@ def rule(obs: Observed, settings: Settings, share: int) -> int:
     return max(1, min(want, settings.pipeline_depth_max, share))
 
 
-def fair_share(client: redis.Redis, gpu_type: str) -> int:
-    """The shapes of a GPU type (active on its healthy GPUs plus pending) per healthy GPU, rounded up."""
-    from croqq.placement.registry import HEALTHY, all_gpus
+@dataclass(frozen=True)
+class Load:
+    """Shapes on the registry's healthy GPUs and waiting for each of their types, read in one round trip."""
 
-    healthy = [g.uuid for g in all_gpus(client) if g.gpu_type == gpu_type and g.status == HEALTHY]
+    active: dict[str, int]  # per healthy GPU
+    pending: dict[str, int]  # per GPU type of a healthy GPU
+    shares: dict[str, int]  # per GPU type of a healthy GPU: its shapes (active plus pending) per GPU, up
+
+    def share(self, gpu_type: str) -> int:
+        """The fair share of a GPU of ``gpu_type`` (1 for a type with no healthy GPU)."""
+        return self.shares.get(gpu_type, 1)
+
+
+def load(client: redis.Redis, gpus: list[GpuEntry]) -> Load:
+    """The Load of the healthy GPUs among ``gpus`` (the registry's, for fair shares)."""
+    from croqq.placement.registry import HEALTHY
+
+    healthy = {g.uuid: g.gpu_type for g in gpus if g.status == HEALTHY}
+    kinds = sorted(set(healthy.values()))
     pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.pending(gpu_type))
+    for gpu_type in kinds:
+        pipe.zcard(keys.pending(gpu_type))
     for uuid in healthy:
         pipe.scard(keys.active(uuid))
-    shapes = sum(int(n) for n in pipe.execute())
-    return max(1, math.ceil(shapes / max(1, len(healthy))))
+    counts = [int(n) for n in pipe.execute()]
+    pending = dict(zip(kinds, counts[: len(kinds)], strict=True))
+    active = dict(zip(healthy, counts[len(kinds) :], strict=True))
+    shapes, members = dict(pending), dict.fromkeys(kinds, 0)
+    for uuid, gpu_type in healthy.items():
+        shapes[gpu_type] += active[uuid]
+        members[gpu_type] += 1
+    shares = {t: max(1, math.ceil(shapes[t] / members[t])) for t in kinds}
+    return Load(active=active, pending=pending, shares=shares)
+
+
+def _fold(conn: Any, uuid: str) -> Any:
+    return conn.eval(_FOLD_LUA, 1, keys.depth(uuid), STEPS_PER_CYCLE * MEMORY_CYCLES, MIN_WINDOW)
+
+
+def _observed(raw: Any) -> Observed:
+    off, gpu, steps, depth = strs(raw)
+    return Observed(float(off), float(gpu), int(float(steps)), int(float(depth)))
 
 
 def fold(client: redis.Redis, uuid: str) -> Observed:
     """Fold the GPU's newest step times into its decayed sums; return them."""
-    per_depth = STEPS_PER_CYCLE * MEMORY_CYCLES
-    off, gpu, steps, depth = strs(client.eval(_FOLD_LUA, 1, keys.depth(uuid), per_depth, MIN_WINDOW))
-    return Observed(float(off), float(gpu), int(float(steps)), int(float(depth)))
+    return _observed(_fold(client, uuid))
+
+
+def choose_all(client: redis.Redis, settings: Settings, gpus: list[GpuEntry], now: Load) -> dict[str, int]:
+    """Each GPU's depth now (stored, and logged when it changes): their folds in one round trip, their
+    fair shares from ``now``. A fill tick over a fleet costs a few commands per GPU, not one per GPU pair."""
+    pipe = client.pipeline(transaction=False)
+    for gpu in gpus:
+        _fold(pipe, gpu.uuid)
+    chosen: dict[str, int] = {}
+    changed = client.pipeline(transaction=False)
+    for gpu, raw in zip(gpus, pipe.execute(), strict=True):
+        obs = _observed(raw)
+        if settings.pipeline_depth_mode == "fixed":
+            depth, share = settings.pipeline_depth, 0
+        else:
+            share = now.share(gpu.gpu_type)
+            depth = rule(obs, settings, share)
+        chosen[gpu.uuid] = depth
+        if depth != obs.depth:
+            changed.hset(keys.depth(gpu.uuid), "depth", str(depth))
+            _log_change(gpu.uuid, obs, depth, settings, share)
+    changed.execute()
+    return chosen
 
 
 def choose(client: redis.Redis, settings: Settings, gpu: GpuEntry) -> int:
-    """The GPU's depth now (stored, and logged when it changes)."""
-    obs = fold(client, gpu.uuid)
-    if settings.pipeline_depth_mode == "fixed":
-        depth, share = settings.pipeline_depth, 0
-    else:
-        share = fair_share(client, gpu.gpu_type)
-        depth = rule(obs, settings, share)
-    if depth != obs.depth:
-        client.hset(keys.depth(gpu.uuid), "depth", str(depth))
-        ratio = obs.off_s / obs.gpu_s if obs.gpu_s > 0 else 0.0
-        log.info(
-            "GPU %s pipeline depth %d -> %d (%s; %.1f off-GPU s per GPU s over %d steps, fair share %d)",
-            gpu.uuid,
-            obs.depth,
-            depth,
-            settings.pipeline_depth_mode,
-            ratio,
-            obs.steps,
-            share,
-        )
-    return depth
+    """One GPU's depth now (:func:`choose_all`, its fair share from the registry)."""
+    from croqq.placement.registry import all_gpus
+
+    return choose_all(client, settings, [gpu], load(client, all_gpus(client)))[gpu.uuid]
+
+
+def _log_change(uuid: str, obs: Observed, depth: int, settings: Settings, share: int) -> None:
+    ratio = obs.off_s / obs.gpu_s if obs.gpu_s > 0 else 0.0
+    log.info(
+        "GPU %s pipeline depth %d -> %d (%s; %.1f off-GPU s per GPU s over %d steps, fair share %d)",
+        uuid,
+        obs.depth,
+        depth,
+        settings.pipeline_depth_mode,
+        ratio,
+        obs.steps,
+        share,
+    )
 
 
 def current(client: redis.Redis, uuid: str) -> int:

@@ -182,8 +182,16 @@ def mark_queues_reset(client: redis.Redis, queues: list[str]) -> None:
     pipe.execute()
 
 
+_BEAT_LUA = """
+redis.set_repl(redis.REPL_NONE)
+return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+"""
+
+
 def beat_worker(client: redis.Redis, node: str) -> None:
-    client.zadd(keys.WORKERS, {node: clock.now(client)})
+    """The worker is alive now. Kept in Redis's memory only (no AOF append, so no fsync per beat); a restart
+    gives every registered worker a fresh beat (:mod:`croqq.delivery.grace`)."""
+    client.eval(_BEAT_LUA, 1, keys.WORKERS, repr(clock.now(client)), node)
 
 
 def unregister_worker(client: redis.Redis, node: str) -> None:

@@ -224,7 +224,7 @@ def claim_gpu(
 
     client = connect(settings)
     owner = owner_id("gpu")
-    lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s)
+    lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s, in_memory=True)  # owner: the entry's
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
     problems = start_problems(settings, uuid)
     entry = registry.GpuEntry(

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from croqq.delivery import keys
-from croqq.delivery.leases import Heartbeat, StepLeases
+from croqq.delivery import grace, keys
+from croqq.delivery.leases import Heartbeat, Lease, StepLeases
 from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import SubmitMessage
 from croqq.delivery.state import ShapeState, make_sid
@@ -430,7 +430,7 @@ def test_lease_renewals_stay_out_of_the_aof_and_a_restart_grants_every_running_s
     ledger = Ledger(client, ttl, cluster.ledger.advance, cluster.published.append)
     assert client.zcard(keys.RUNNING) == 2  # the AOF kept the claims, with their deadlines
     assert ledger.expire_leases() == 0  # a new run id: one TTL for each running step
-    assert ledger.grant_restart_grace() == 0  # once per run id
+    assert grace.grant(client, ttl) == (0, 0, 0)  # once per run id
     for _ in range(3):  # the live holder renews; the dead one's lease runs out one TTL after the restart
         time.sleep(0.45)
         ledger.heartbeat([alive.step_id], "w-alive")
@@ -476,3 +476,56 @@ def test_a_group_completes_in_one_transaction_and_a_stale_member_holds_up_no_oth
         "done",
     ]
     assert sorted(r.sid for r in cluster.published) == sorted([first.sid, claimed[1].sid])  # next steps
+
+
+def _commands(client: redis.Redis) -> int:
+    return sum(int(v["calls"]) for v in client.info("commandstats").values())
+
+
+@pytest.mark.parametrize("gpus", [4, 16])
+def test_a_fill_tick_costs_a_few_commands_per_gpu_and_writes_nothing_when_nothing_changed(
+    redis_client: redis.Redis, gpus: int
+) -> None:
+    """The coordinator fills every GPU on every tick: over a fleet that must cost O(GPUs) commands (the fair
+    share was once re-read for each GPU: O(GPUs^2)), and an idle tick must append nothing to the AOF."""
+    cluster = Cluster(redis_client, depth=2)
+    for i in range(gpus):
+        cluster.add_gpu(f"GPU-{i:02d}")
+    cluster.submit(2 * gpus + 3)  # every GPU full, three shapes waiting
+    assert all(redis_client.scard(keys.active(f"GPU-{i:02d}")) == 2 for i in range(gpus))
+    cluster.placement.fill_all()  # the first tick after the submission may settle the depths
+    aof, before = redis_client.info("persistence")["aof_current_size"], _commands(redis_client)
+    assert cluster.placement.fill_all() == 0
+    used = _commands(redis_client) - before - 1  # the INFO that read the counters
+    assert used <= 4 * gpus + 4, f"{used} commands for {gpus} GPUs"
+    assert redis_client.info("persistence")["aof_current_size"] == aof
+
+
+def test_worker_beats_and_gpu_lease_renewals_stay_out_of_the_aof_and_a_restart_gives_them_one_ttl(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A GPU worker's beats cost no fsync; a Redis restart neither reaps it nor leaves its GPU unclaimed."""
+    ttl, queue = 1.0, "gpu.h.GPU-a"
+    gpu = registry.GpuEntry(uuid="GPU-a", host="h", index=0, gpu_type=GPU_TYPE, queue=queue, owner="w-gpu")
+    registry.register_gpu(redis_client, gpu)
+    registry.register_worker(redis_client, "gpu-0@h", [queue], "gpu")
+    lease = Lease(redis_client, "gpu:GPU-a", "w-gpu", ttl, in_memory=True)
+    assert lease.try_acquire()
+    assert grace.grant(redis_client, ttl) == (0, 0, 0)  # the first tick records the run id
+    aof = redis_client.info("persistence")["aof_current_size"]
+    for _ in range(6):  # past the claim's and the registration's persisted times
+        time.sleep(ttl / 4)
+        assert lease.renew()
+        registry.beat_worker(redis_client, "gpu-0@h")
+    assert redis_client.info("persistence")["aof_current_size"] == aof  # beats: memory only
+    assert registry.live_workers(redis_client, ttl) == ["gpu-0@h"]
+    redis_server.kill()
+    redis_server.start()
+    client = redis_server.client()
+    assert client.get(keys.lease("gpu:GPU-a")) is None  # the AOF had the claim's expiry only
+    assert grace.grant(client, ttl) == (0, 1, 1)
+    assert client.get(keys.lease("gpu:GPU-a")) == "w-gpu"  # back for the owner the registry names
+    assert registry.reap_dead_workers(client, ttl) == []
+    assert Lease(client, "gpu:GPU-a", "w-gpu", ttl, in_memory=True).renew()
+    assert grace.grant(client, ttl) == (0, 0, 0)  # once per run id
+    client.close()

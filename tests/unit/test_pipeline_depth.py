@@ -63,8 +63,9 @@ def test_fair_share_divides_active_and_pending_shapes_among_healthy_gpus(redis_c
     register(redis_client, "GPU-q", status=registry.QUARANTINED)
     redis_client.sadd(keys.active("GPU-a"), *[f"s{i}" for i in range(5)])
     redis_client.zadd(keys.pending(GPU_TYPE), {f"p{i}": i for i in range(4)})
-    assert depth.fair_share(redis_client, GPU_TYPE) == 5  # ceil(9 / 2): the quarantined GPU gets none
-    assert depth.fair_share(redis_client, "sm80_other") == 1
+    now = depth.load(redis_client, registry.all_gpus(redis_client))
+    assert now.share(GPU_TYPE) == 5  # ceil(9 / 2): the quarantined GPU gets none
+    assert now.share("sm80_other") == 1
 
 
 def step(kind: str, dispatched: float, started: float) -> StepRecord:
