@@ -508,12 +508,16 @@ def tick_cost(server: Any, gpus: int = TARGET_GPUS, ticks: int = TICKS) -> tuple
         client.set(keys.lease(f"gpu:{uuid}"), "b")
         client.sadd(keys.active(uuid), *(f"{uuid}/s{d}" for d in range(DEPTH)))
     placement = Placement(settings, client, Ledger(client, settings.lease_ttl_s, advance=None))  # type: ignore[arg-type]
-    placement.release_offline_gpus()
-    placement.fill_all()  # the scripts' loads and the first depths stay out
+
+    def tick() -> None:  # as housekeeping.reconcile: one registry read for both
+        gpus = registry.all_gpus(client)
+        placement.release_offline_gpus(gpus)
+        placement.fill_all(gpus=gpus)
+
+    tick()  # the scripts' loads and the first depths stay out
     before, aof = RedisCounters.read(client), client.info("persistence")["aof_current_size"]
     for _ in range(ticks):
-        placement.release_offline_gpus()
-        placement.fill_all()
+        tick()
     appended = (client.info("persistence")["aof_current_size"] - aof) / ticks
     cost = (RedisCounters.read(client) - before).scaled(1.0 / ticks)
     client.flushall()

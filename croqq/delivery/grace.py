@@ -19,7 +19,7 @@ from typing import NamedTuple
 import redis
 
 from croqq.delivery import clock, keys
-from croqq.delivery.redis_client import redis_run_id, strs
+from croqq.delivery.redis_client import redis_run_id, strs, text
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,9 @@ class Granted(NamedTuple):
 
 def grant(client: redis.Redis, lease_ttl_s: float) -> Granted:
     """One TTL for every running step, registered worker and lost GPU lease, once per Redis run id."""
+    run_id = redis_run_id(client)
+    if text(client.get(keys.LEASE_RUN)) == run_id:  # every tick but the first of a run: two reads
+        return Granted(0, 0, 0)
     uuids = sorted(strs(client.smembers(keys.GPUS)))
     now = clock.now(client)
     gpu_keys = [k for uuid in uuids for k in (keys.lease(f"gpu:{uuid}"), keys.gpu(uuid))]
@@ -61,7 +64,7 @@ def grant(client: redis.Redis, lease_ttl_s: float) -> Granted:
         keys.LEASE_RUN,
         keys.WORKERS,
         *gpu_keys,
-        redis_run_id(client),
+        run_id,
         repr(now + lease_ttl_s),
         repr(now),
         int(lease_ttl_s * 1000),

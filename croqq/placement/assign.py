@@ -19,7 +19,7 @@ import redis
 
 from croqq.delivery import clock, keys
 from croqq.delivery.queues import GPU_KINDS
-from croqq.delivery.redis_client import strs
+from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase, Start, transition
 from croqq.placement import depth, registry
@@ -58,11 +58,12 @@ class Placement:
 
     # -- assignment ------------------------------------------------------------------------------------
 
-    def fill_all(self, gpu_type: str | None = None) -> int:
-        """:meth:`fill` every healthy GPU (of ``gpu_type``): the registry, the shapes on each GPU and the
-        depths read in a few round trips; only a GPU below its depth with shapes waiting for its type
-        opens a transaction. Costs a few commands per GPU and writes nothing when there is nothing to do."""
-        gpus = registry.all_gpus(self.client)
+    def fill_all(self, gpu_type: str | None = None, gpus: list[registry.GpuEntry] | None = None) -> int:
+        """:meth:`fill` every healthy GPU (of ``gpu_type``): the registry (``gpus``, if the caller has just
+        read it), the shapes on each GPU and the depths read in a few round trips; only a GPU below its
+        depth with shapes waiting for its type opens a transaction, which checks the GPU is still healthy.
+        Costs a few commands per GPU and writes nothing when there is nothing to do."""
+        gpus = registry.all_gpus(self.client) if gpus is None else gpus
         ready = [g for g in gpus if g.status == registry.HEALTHY and gpu_type in (None, g.gpu_type)]
         now = depth.load(self.client, gpus)
         limits = depth.choose_all(self.client, self.settings, ready, now)
@@ -94,7 +95,10 @@ class Placement:
         pending_key, active_key = keys.pending(gpu_type), keys.active(uuid)
 
         def body(pipe: Any) -> Any:
-            if pipe.scard(active_key) >= limit:
+            if (
+                pipe.scard(active_key) >= limit
+                or text(pipe.hget(keys.gpu(uuid), "status")) != registry.HEALTHY
+            ):
                 pipe.multi()
                 return None
             head = pipe.zrange(pending_key, 0, 0)
@@ -191,21 +195,19 @@ class Placement:
 
         return int(self.ledger.txn.run(watch, body))
 
-    def release_offline_gpus(self) -> int:
-        """GPUs whose worker's lease is gone for longer than ``gpu_offline_s`` give their shapes back.
+    def release_offline_gpus(self, gpus: list[registry.GpuEntry] | None = None) -> int:
+        """GPUs (of ``gpus``, if the caller has just read the registry) whose worker's lease is gone for
+        longer than ``gpu_offline_s`` give their shapes back.
 
         A quarantined GPU holds no shapes and stays quarantined while its worker is away (offline would
         let a returning worker bring it back without its cool-down)."""
         now, count = clock.now(self.client), 0
-        gpus = [
-            g
-            for g in registry.all_gpus(self.client)
-            if g.status not in (registry.OFFLINE, registry.QUARANTINED)
-        ]
+        gpus = registry.all_gpus(self.client) if gpus is None else gpus
+        watched = [g for g in gpus if g.status not in (registry.OFFLINE, registry.QUARANTINED)]
         pipe = self.client.pipeline(transaction=False)
-        for gpu in gpus:
+        for gpu in watched:
             pipe.exists(keys.lease(f"gpu:{gpu.uuid}"))
-        for gpu, claimed in zip(gpus, pipe.execute(), strict=True):
+        for gpu, claimed in zip(watched, pipe.execute(), strict=True):
             if claimed:
                 if gpu.missing_since:
                     self.client.hset(keys.gpu(gpu.uuid), "missing_since", "0")

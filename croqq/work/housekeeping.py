@@ -42,12 +42,13 @@ def reconcile(rt: Runtime) -> dict[str, int]:
     out["outbox"] = rt.ledger.flush_outbox(OUTBOX_GRACE_S)
     out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
     out["republished"] = republish_after_resets(rt)
-    out["offline"] = rt.placement.release_offline_gpus()
+    gpus = registry.all_gpus(rt.client)  # one read of the registry for the offline check and the fill
+    out["offline"] = rt.placement.release_offline_gpus(gpus)
     if every(rt, "recheck", rt.settings.recheck_every_s):
         out["rechecks"] = recheck_quarantined(rt)
     if every(rt, "unstick", UNSTICK_EVERY_S):
         out["unstuck"] = unstick_shapes(rt)
-    out["placed"] = rt.placement.fill_all()
+    out["placed"] = rt.placement.fill_all(gpus=None if out["offline"] else gpus)
     if any(v for k, v in out.items() if k != "placed"):
         log.info("reconcile: %s", {k: v for k, v in out.items() if v})
     return out
