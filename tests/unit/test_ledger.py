@@ -529,3 +529,15 @@ def test_worker_beats_and_gpu_lease_renewals_stay_out_of_the_aof_and_a_restart_g
     assert Lease(client, "gpu:GPU-a", "w-gpu", ttl, in_memory=True).renew()
     assert grace.grant(client, ttl) == (0, 0, 0)  # once per run id
     client.close()
+
+
+def test_a_fill_from_a_stale_registry_read_places_nothing_on_a_gpu_quarantined_since(
+    cluster: Cluster,
+) -> None:
+    cluster.add_gpu("GPU-a")
+    snapshot = registry.all_gpus(cluster.client)  # the tick's read: healthy
+    cluster.placement.quarantine("GPU-a", "its start check failed")
+    cluster.submit(2)
+    assert cluster.placement.fill_all(gpus=snapshot) == 0
+    assert cluster.client.scard(keys.active("GPU-a")) == 0
+    assert cluster.client.zcard(keys.pending(GPU_TYPE)) == 2
