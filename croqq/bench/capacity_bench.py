@@ -45,7 +45,9 @@ names, step id, sid, kind and argsrepr as long as croqq's). The two alternate ``
 least CPU of each counts (other load on a shared machine only ever adds). Reported: both per iteration,
 by part (the queue a process serves), their ratio, and a cProfile of the hottest croqq role in a third
 run (CPU time of its main thread, started and dumped by real-time signals through a ``sitecustomize``
-hook, so only the submission's window counts; the solo-pool writer runs its tasks in that thread).
+hook, so only the submission's window counts; the solo-pool writer runs its tasks in that thread). The
+floor's own parts also give a ceiling (:func:`floor_ceiling`, the ``cpu_floor_capacity_*`` figures): the
+fleet :func:`capacity_limits` would grant a croqq that did nothing but the floor's Celery hops.
 """
 
 from __future__ import annotations
@@ -1097,11 +1099,23 @@ def cpu_cost(work: Path, rounds: int = ROUNDS, profile: bool = True) -> dict[str
         "cpu_floor_redis_bytes_per_hop": round(floor.redis.net_bytes / hops),
         "cpu_ratio": round(croqq_s / floor_s, 2),
         "cpu_ratio_target": 3.0,
+        **floor_ceiling(floor_parts, floor.redis.net_bytes / n),
         "cpu_hottest_roles": roles[:2],
         **prof,
     }
     log.info("cpu cost: %s", out)
     return out
+
+
+def floor_ceiling(floor_parts: dict[str, float], bytes_per_iter: float) -> dict[str, object]:
+    """The fleet that the bare Celery floor itself would serve, by :func:`capacity_limits`: Redis's CPU
+    and bytes per iteration and the store worker's CPU per iteration as the writer's time (CPU only:
+    a lower bound of its busy time), nothing idle. No croqq with one Celery message per step and one
+    writer process taking every STORE's message serves more on this machine."""
+    limits = capacity_limits(1e-3 * floor_parts["redis"], bytes_per_iter, 1e-3 * floor_parts["store"])
+    return {f"cpu_floor_{k}": v for k, v in limits.items() if k.startswith("capacity_gpus")} | {
+        "cpu_floor_capacity_saturates_first": limits["capacity_saturates_first"]
+    }
 
 
 def _floor_payload(spec: dict[str, Any]) -> dict[str, Any]:

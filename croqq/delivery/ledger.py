@@ -251,11 +251,17 @@ class Ledger:
     # -- publishing -----------------------------------------------------------------------------------
 
     def publish(self, records: Iterable[StepRecord | None]) -> None:
+        """Send each step's message, then take them all off the outbox in one call (a crash in between
+        leaves them there: housekeeping publishes them again and the duplicates are dropped at claim)."""
+        if self.publisher is None:
+            return
+        sent = []
         for record in records:
-            if record is None or self.publisher is None:
-                continue
-            self.publisher(record)
-            self.client.zrem(keys.OUTBOX, record.step_id)
+            if record is not None:
+                self.publisher(record)
+                sent.append(record.step_id)
+        if sent:
+            self.client.zrem(keys.OUTBOX, *sent)
 
     # -- the step protocol ----------------------------------------------------------------------------
 

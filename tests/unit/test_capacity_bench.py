@@ -9,6 +9,7 @@ from croqq.bench.capacity_bench import (
     busy_s,
     capacity_limits,
     chain_plan,
+    floor_ceiling,
     heartbeat_calls,
     heartbeats_per_iteration,
     stores_per_commit,
@@ -43,6 +44,14 @@ def test_a_cheaper_writer_moves_the_bottleneck_to_redis() -> None:
     assert out["capacity_gpus_redis_cpu"] == 2500
     assert (out["capacity_gpus"], out["capacity_saturates_first"]) == (2500, "redis_cpu")
     assert out["capacity_meets_target"] is True
+
+
+def test_the_floors_ceiling_prices_its_redis_cpu_and_its_store_workers_cpu_per_iteration() -> None:
+    out = floor_ceiling({"redis": 2.5, "store": 4.0, "gpu": 9.0}, bytes_per_iter=30_000)
+    assert out["cpu_floor_capacity_gpus_redis_cpu"] == 2000  # 0.5 / 0.00025
+    assert out["cpu_floor_capacity_gpus_writer"] == 1250  # 0.5 / 0.0004
+    assert out["cpu_floor_capacity_gpus_redis_network"] == 20833  # 62.5e6 / 3,000
+    assert (out["cpu_floor_capacity_gpus"], out["cpu_floor_capacity_saturates_first"]) == (1250, "writer")
 
 
 @pytest.mark.parametrize("chains", [1, 3, 16])

@@ -476,6 +476,37 @@ def test_a_group_completes_in_one_transaction_and_a_stale_member_holds_up_no_oth
         "done",
     ]
     assert sorted(r.sid for r in cluster.published) == sorted([first.sid, claimed[1].sid])  # next steps
+    assert redis_client.zcard(keys.OUTBOX) == 0
+
+
+def test_a_group_whose_publishing_fails_leaves_every_next_step_on_the_outbox(
+    redis_client: redis.Redis,
+) -> None:
+    """The next steps of a group leave the outbox together, after their messages went out: one message
+    that could not be sent keeps them all there, and housekeeping sends them again."""
+    cluster = Cluster(redis_client, depth=3)
+    cluster.add_gpu("GPU-a")
+    first = store_steps(cluster, 3)[0]
+    assert cluster.ledger.claim(first.step_id, 0, "writer", "store", first.sid)[0] == "ok"
+    claimed = [m for m, _ in cluster.ledger.claim_queued_stores("writer", 8)]
+    sent: list[StepRecord] = []
+
+    def flaky(record: StepRecord) -> None:
+        if sent:
+            raise ConnectionError("broker gone")
+        sent.append(record)
+
+    cluster.ledger.publisher = flaky
+    with pytest.raises(ConnectionError):
+        cluster.ledger.complete_many(
+            [(m.step_id, m.epoch, m.sid, Stored(iteration=0)) for m in (first, *claimed)], "writer"
+        )
+    assert redis_client.zcard(keys.OUTBOX) == 3
+    cluster.published.clear()
+    cluster.ledger.publisher = cluster.published.append
+    assert cluster.ledger.flush_outbox(older_than_s=0.0) == 3
+    assert sorted(r.sid for r in cluster.published) == sorted(m.sid for m in (first, *claimed))
+    assert redis_client.zcard(keys.OUTBOX) == 0
 
 
 def _commands(client: redis.Redis) -> int:
