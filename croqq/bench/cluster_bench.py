@@ -195,6 +195,7 @@ def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, object]:
         "recovery_kills_by_kind": summary["faults_injected"],
         "recovery_kill_p50_s": summary["recovery_p50_s"],
         "recovery_kill_max_s": summary["recovery_max_s"],
+        "recovery_kill_target_s": 2 * ttl_s,  # a killed step is finished elsewhere within 2x the lease TTL
         "recovery_rounds_lost": summary["rounds_lost"],
         "recovery_duplicates": summary["duplicates"],
         "celery_visibility_timeout_s": visibility_timeout_s(Settings()),

@@ -66,9 +66,10 @@ def recovery(work: Path, repeats: int = 3) -> dict[str, object]:
                 from_heal.append(result.from_heal_s)
             log.info("%s run %d: recovery %.2fs (from the heal: %s)", kind, i + 1, result.recovery_s,
                      f"{result.from_heal_s:.2f}s" if result.from_heal_s is not None else "-")  # fmt: skip
-        out[f"hosts_recovery_{kind}"] = _stats(from_fault)
+        # beside each figure its target: 2x the TTL from the fault; for a partition, the TTL from the heal
+        out[f"hosts_recovery_{kind}"] = _stats(from_fault) | ({} if from_heal else {"target_s": 2 * TTL_S})
         if from_heal:
-            out[f"hosts_recovery_{kind}_after_heal"] = _stats(from_heal)
+            out[f"hosts_recovery_{kind}_after_heal"] = _stats(from_heal) | {"target_s": TTL_S}
     return out
 
 

@@ -26,8 +26,9 @@ from croqq.errors import ConfigError
 from croqq.placement import registry
 from croqq.probes.sim import inject_fault
 from croqq.processes.local import REDIS, LocalCluster
+from croqq.processes.patience import Deadline
 
-BARRIER_WAIT_S = 10.0
+BARRIER_WAIT_S = 10.0  # unloaded seconds (croqq.processes.patience) for a process to reach a barrier
 
 # kind -> (barrier to land on, which process to kill: "reached" = the one at the barrier, or a role)
 KILLS: dict[str, tuple[str | None, str]] = {
@@ -165,8 +166,8 @@ class Injector:
     def _land(self, barrier: str) -> tuple[str, str] | None:
         self.client.delete(keys.barrier(f"{barrier}:reached"))
         self.client.set(keys.barrier(barrier), "1")
-        deadline = time.monotonic() + BARRIER_WAIT_S
-        while time.monotonic() < deadline:
+        deadline = Deadline(BARRIER_WAIT_S)
+        while not deadline.expired():
             reached = text(self.client.get(keys.barrier(f"{barrier}:reached")))
             if reached:
                 host, pid, step_id = reached.split(":", 2)

@@ -36,6 +36,7 @@ from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeState
 from croqq.errors import ConfigError
 from croqq.placement import registry
+from croqq.processes.patience import Deadline
 from croqq.settings import PROJECT_ROOT
 from croqq.work.progress import Snapshot, snapshot, submission_sids
 
@@ -135,10 +136,13 @@ class Fleet:
         return self._client
 
     def wait_gpus(self, count: int, timeout_s: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         while len(self.live_gpus()) < count:
-            if time.monotonic() > deadline:
-                raise ConfigError(f"only {len(self.live_gpus())} of {count} GPUs came up; see the host logs")
+            if deadline.expired():
+                raise ConfigError(
+                    f"only {len(self.live_gpus())} of {count} GPUs came up in {deadline.waited_s:.0f}s; "
+                    "see the host logs"
+                )
             time.sleep(0.2)
 
     def live_gpus(self) -> list[registry.GpuEntry]:
@@ -165,14 +169,14 @@ class Fleet:
         """Wait until every shape of the submission is done or parked (polling only their summaries: the
         operator's own traffic stays out of the fleet's bytes per iteration)."""
         sids = submission_sids(self.client, submission) or []
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         while True:
             summaries = [json.loads(r) if r else {} for r in self.client.hmget(keys.SUMMARY, sids)]
             if sids and all(s.get("status") in ("done", "error") for s in summaries):
                 return self.snapshot(submission)
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 total = self.snapshot(submission).total
-                raise ConfigError(f"{submission} not finished after {timeout_s:.0f}s: {total}")
+                raise ConfigError(f"{submission} not finished after {deadline.waited_s:.0f}s: {total}")
             time.sleep(0.5)
 
     def shapes(self, sids: Iterable[str]) -> dict[str, ShapeState]:
@@ -195,14 +199,14 @@ class Fleet:
     ) -> dict[str, str]:
         """Wait until a step of ``kind`` runs on one of these GPUs; sid -> step id of every GPU step there."""
         uuids = list(uuids)
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         while True:
             running = self.running_gpu_steps(uuids)
             kinds = {self.client.hget(keys.step(s), "kind") for s in running.values()}
             if kind in kinds:
                 return running
-            if time.monotonic() > deadline:
-                raise ConfigError(f"no {kind} step ran on {uuids} within {timeout_s:.0f}s")
+            if deadline.expired():
+                raise ConfigError(f"no {kind} step ran on {uuids} within {deadline.waited_s:.0f}s")
             time.sleep(0.02)
 
     def stored(self, sids: Iterable[str]) -> dict[str, int]:

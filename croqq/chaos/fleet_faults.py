@@ -18,8 +18,10 @@ from croqq.chaos.fleet import Fleet
 from croqq.delivery import clock, keys
 from croqq.delivery.redis_client import strs
 from croqq.placement import registry
+from croqq.processes.patience import Deadline, wait_until
 
 MAX_ITER = 5
+WATCH_S = 300.0  # unloaded seconds a fault may take to recover before the scenario fails
 
 
 @dataclass
@@ -43,8 +45,8 @@ class _Watch:
         self._thread.start()
 
     def _run(self) -> None:
-        deadline = time.monotonic() + 300
-        while self.at is None and time.monotonic() < deadline:
+        deadline = Deadline(WATCH_S)
+        while self.at is None and not deadline.expired():
             try:
                 now = self.fleet.stored(self.sids)
             except Exception:  # the operator's view never partitions, but be safe
@@ -54,8 +56,8 @@ class _Watch:
                 return
             time.sleep(0.05)
 
-    def wait(self, timeout_s: float = 300) -> float:
-        self._thread.join(timeout_s)
+    def wait(self) -> float:
+        self._thread.join()  # the thread gives up once its deadline has passed
         if self.at is None:
             raise TimeoutError(f"none of {self.sids} stored an iteration after the fault")
         return self.at
@@ -148,8 +150,4 @@ def skewed_gpu_host(fleet: Fleet, host: str = "gpu2", limit: int = 8) -> Outcome
 
 
 def _wait(done: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout_s:.0f}s")
-        time.sleep(0.1)
+    wait_until(done, timeout_s, f"{what} did not happen")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from croqq.errors import ConfigError
 from croqq.processes import record
+from croqq.processes.patience import Deadline
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.supervise import Child, Supervisor
 from croqq.settings import Settings
@@ -189,8 +190,8 @@ class LocalCluster:
         from croqq.placement import registry
 
         want = len(self.gpu_names) if count is None else count
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while not deadline.expired():
             live = [
                 g for g in registry.all_gpus(self.client) if self.client.exists(keys.lease(f"gpu:{g.uuid}"))
             ]
@@ -199,7 +200,7 @@ class LocalCluster:
             self.poll()
             time.sleep(0.2)
         raise ConfigError(
-            f"only some of the {want} GPU workers registered within {timeout_s:.0f}s; see the logs"
+            f"only some of the {want} GPU workers registered within {deadline.waited_s:.0f}s; see the logs"
         )
 
     def submit(
@@ -250,17 +251,18 @@ class LocalCluster:
         on_tick: Callable[[Snapshot], None] | None = None,
         every_s: float = 0.5,
     ) -> Snapshot:
-        """Wait until the submission is finished (the supervisor restarts what dies); ConfigError if late."""
-        deadline = time.monotonic() + timeout_s
+        """Wait until the submission is finished (the supervisor restarts what dies); ConfigError if late
+        (``timeout_s`` stretches with the machine's load: :mod:`croqq.processes.patience`)."""
+        deadline = Deadline(timeout_s)
         while True:
             snap = self.snapshot(submission)
             if on_tick is not None:
                 on_tick(snap)
             if snap.finished:
                 return snap
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 raise ConfigError(
-                    f"submission {submission} not finished after {timeout_s:.0f}s: {snap.total}"
+                    f"submission {submission} not finished after {deadline.waited_s:.0f}s: {snap.total}"
                 )
             self.poll()
             time.sleep(every_s)

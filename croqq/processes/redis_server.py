@@ -33,13 +33,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from croqq.errors import ConfigError, RetryableError
+from croqq.processes.patience import Deadline
 from croqq.processes.supervise import Child
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "redis.sock"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
-START_TIMEOUT_S = 15.0
+START_TIMEOUT_S = 60.0  # unloaded seconds (croqq.processes.patience): an AOF replay included
 STOP_TIMEOUT_S = 15.0
 
 
@@ -177,13 +178,15 @@ class RedisServer:
     ) -> None:
         """Block until the server answers PING (AOF replay included); raise if it died or took too long.
         ``process``: the server's process when someone else (a supervisor) started it."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         client = self.client(retries=0)
         try:
             while not self._pings(client):
                 self._raise_if_exited(process)
-                if time.monotonic() >= deadline:
-                    raise RetryableError(f"redis-server on {self.socket} not ready after {timeout:.0f}s")
+                if deadline.expired():
+                    raise RetryableError(
+                        f"redis-server on {self.socket} not ready after {deadline.waited_s:.0f}s"
+                    )
                 time.sleep(0.02)
         finally:
             client.close()

@@ -228,7 +228,8 @@ def test_the_command_exits_1_with_one_line_naming_the_problem(tmp_path: Path, cr
     assert missing.returncode == 1
     assert missing.stderr.count("\n") == 1 and "writer: no health file" in missing.stderr
     s = settings_for(tmp_path)
-    put(s, "writer", ready=False, redis_error="refused", unreachable_since=time.time() - 5)
+    # a beat every 60 s: the record stays fresh however long each `croqq health` takes to start
+    put(s, "writer", interval_s=60.0, ready=False, redis_error="refused", unreachable_since=time.time() - 5)
     assert croqq(env, "health", "--role", "writer").returncode == 0
     not_ready = croqq(env, "health", "--role", "writer", "--ready")
     assert not_ready.returncode == 1 and "Redis unreachable since" in not_ready.stderr

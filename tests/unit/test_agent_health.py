@@ -3,20 +3,20 @@ makes it healthy again, and a spent budget stops ideation; `croqq status` shows 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 from rich.console import Console
 
 from croqq.cli.view import render
+from croqq.delivery import keys
 from croqq.domain.records import AgentUsage, Idea, Rejection
 from croqq.errors import DeferredError
 from croqq.settings import Settings
 from croqq.work import agents
 from croqq.work.progress import snapshot
 
-SETTINGS = Settings(agent_backoff_after=2, agent_backoff_s=0.5, agent_backoff_max_s=1.0)
+# a back-off far longer than the test's own steps take on a busy machine; the test ends it on Redis's clock
+SETTINGS = Settings(agent_backoff_after=2, agent_backoff_s=600.0, agent_backoff_max_s=600.0)
 
 
 def fail(cost: float = 0.0) -> Rejection:
@@ -29,6 +29,11 @@ def fail(cost: float = 0.0) -> Rejection:
 def success(cost: float = 0.0) -> Idea:
     usage = AgentUsage(agent="claude", wall_s=2.0, exit_code=0, cost_usd=cost or None, input_tokens=100)
     return Idea(summary="s", tag="s", knobs={}, content_hash="c" * 64, proposer="claude", agent=usage)
+
+
+def end_backoff(client: redis.Redis, agent: str) -> None:
+    """Let the back-off pass: move its end just before now (Redis's clock)."""
+    client.hset(keys.agent_health(agent), "backoff_until", repr(agents.redis_now(client) - 0.01))
 
 
 def shown(client: redis.Redis) -> str:
@@ -46,7 +51,7 @@ def test_repeated_failures_back_off_then_a_success_heals(redis_client: redis.Red
     (health,) = agents.health(redis_client)
     assert not health.healthy and health.failures == 2 and "overloaded" in health.last_error
     assert "claude" in shown(redis_client) and "backed off" in shown(redis_client)
-    time.sleep(0.6)
+    end_backoff(redis_client, "claude")
     agents.wait_until_allowed(redis_client, "claude", "k")  # due for a retry
     agents.record_call(redis_client, "claude", success(), SETTINGS)
     (health,) = agents.health(redis_client)

@@ -43,7 +43,7 @@ def rt(redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> 
         probe="sim",
         sim_gpus=2,
         pipeline_depth=2,
-        lease_ttl_s=3.0,
+        lease_ttl_s=600.0,  # the test's workers hold their GPU leases without a heartbeat
         quarantine_cooldown_s=COOLDOWN_S,
         run_dir=tmp_path / "run",
         results_repo=tmp_path / "results",
