@@ -76,16 +76,17 @@ CroqqCli = Callable[..., "subprocess.CompletedProcess[str]"]
 def croqq() -> CroqqCli:
     """Run the `croqq` command line as a user would: ``croqq(env, *args)``, a fresh process in the
     checkout with only the system PATH and ``env``; returns the finished process (exit code, stdout,
-    stderr)."""
+    stderr). ``timeout``: wall seconds before it is killed (a whole ``croqq up --exit-when-done`` needs
+    more than a quick command)."""
 
-    def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    def run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "croqq", *args],
             check=False,
             env={"PATH": "/usr/bin:/bin", **env},
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=timeout,
             cwd=ROOT,
         )
 

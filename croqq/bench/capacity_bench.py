@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from croqq.processes.patience import wait_until
+
 log = logging.getLogger(__name__)
 MODULE = "croqq.bench.capacity_bench"  # this module, also when run as __main__
 
@@ -326,11 +328,12 @@ def _letter(queue: str) -> str:
 def _wait_stored(client: Any, expected: int, timeout_s: float = 600.0) -> None:
     from croqq.delivery import keys
 
-    deadline = time.monotonic() + timeout_s
-    while int(client.hget(keys.STATS, "stored") or 0) < expected:  # one counter: keeps our polling light
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"fewer than {expected} iterations stored after {timeout_s:.0f}s")
-        time.sleep(0.2)
+    wait_until(  # one counter: keeps our polling light
+        lambda: int(client.hget(keys.STATS, "stored") or 0) >= expected,
+        timeout_s,
+        f"{expected} iterations stored",
+        every_s=0.2,
+    )
 
 
 def _idle_rate(client: Any, seconds: float) -> RedisCounters:
@@ -871,11 +874,12 @@ def run_floor(work: Path, server: Any, spec: dict[str, Any], timeout_s: float = 
             argv = [sys.executable, "-m", MODULE, "floor-worker", queue, pool, str(conc), str(prefetch)]
             with open(work / f"floor{i}.log", "ab") as out:
                 procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 60
-        while sum(c.get("cmd") == "brpop" for c in client.client_list()) < len(workers):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the floor's workers did not start consuming within 60 s")
-            time.sleep(0.2)
+        wait_until(
+            lambda: sum(c.get("cmd") == "brpop" for c in client.client_list()) >= len(workers),
+            60,
+            "the floor's workers consuming",
+            every_s=0.2,
+        )
         time.sleep(SETTLE_S)
         app = make_app(Settings(broker_url=server.url))
         cpu0, r0, t0 = tree_cpu(), RedisCounters.read(client), time.monotonic()

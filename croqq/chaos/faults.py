@@ -28,7 +28,7 @@ from croqq.probes.sim import inject_fault
 from croqq.processes.local import REDIS, LocalCluster
 from croqq.processes.patience import Deadline
 
-BARRIER_WAIT_S = 10.0  # unloaded seconds (croqq.processes.patience) for a process to reach a barrier
+BARRIER_WAIT_S = 30.0  # unloaded seconds (croqq.processes.patience) for a process to reach a barrier
 
 # kind -> (barrier to land on, which process to kill: "reached" = the one at the barrier, or a role)
 KILLS: dict[str, tuple[str | None, str]] = {
@@ -155,6 +155,7 @@ class Injector:
             pid = self._victim_pid(victim, host_pid, step_id)
             if pid is not None:
                 self._kill_pid(pid)
+                shot.at = time.time()  # recovery counts from the kill, not from raising the barrier
                 shot.landed, shot.target = True, f"{victim} pid {pid} at {barrier}"
                 shot.steps = [step_id] if step_id else []
                 shot.gpu = self._gpu_of_step(step_id) if step_id else ""
@@ -226,7 +227,9 @@ class Injector:
         uuids = busy or sorted(strs(self.client.smembers(keys.GPUS)))
         uuid = uuids[fault.gpu % len(uuids)]
         kind = fault.kind.removeprefix("gpu_")
-        seconds = self.fault_seconds if kind != "foreign_process" else max(1.0, self.fault_seconds / 8)
+        # a foreign process is transient: gone well inside the health wait, so the GPU waits it out
+        transient = kind == "foreign_process"
+        seconds = self.cluster.settings.health_wait_s / 3 if transient else self.fault_seconds
         value = 79 if kind == "xid" else 1
         shot = Injected(fault, now, landed=True, target=uuid, gpu=uuid, baseline_rounds=self.rounds())
         shot.shapes = {

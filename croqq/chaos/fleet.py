@@ -121,7 +121,7 @@ class Fleet:
         return procs
 
     def run(
-        self, name: str, *args: str, timeout: float = 60.0, env: Mapping[str, str] | None = None
+        self, name: str, *args: str, timeout: float = 300.0, env: Mapping[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run one `croqq` command on a host; the finished process."""
         host = self.bed.host(name)

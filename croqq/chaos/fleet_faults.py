@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from croqq.chaos.fleet import Fleet
+from croqq.chaos.fleet import GPU_HOSTS, Fleet
 from croqq.delivery import clock, keys
 from croqq.delivery.redis_client import strs
 from croqq.placement import registry
 from croqq.processes.patience import Deadline, wait_until
 
 MAX_ITER = 5
+CUT_TRIES = 20
 WATCH_S = 300.0  # unloaded seconds a fault may take to recover before the scenario fails
 
 
@@ -72,12 +73,15 @@ def _mid_measure(fleet: Fleet, host: str, limit: int) -> tuple[str, list[str]]:
 
 
 def partition_gpu_host(fleet: Fleet, host: str = "gpu1", limit: int = 4) -> Outcome:
-    """Its link down in the middle of MEASURE for longer than 2x the lease TTL, then healed."""
-    sub, affected = _mid_measure(fleet, host, limit)
-    steps = {s: fleet.shapes([s])[s].step_id for s in affected}
-    t0 = time.monotonic()
-    fleet.bed.host(host).link_down()
-    time.sleep(2.2 * fleet.config.lease_ttl_s)
+    """Its link down in the middle of MEASURE for longer than 2x the lease TTL (until the step it held
+    was handed to another worker), then healed."""
+    sub = fleet.submit(max_iter=MAX_ITER, limit=limit)
+    affected, steps, t0 = _cut_mid_step(fleet, host)
+    before = _redispatches(fleet)
+    time.sleep(2.2 * fleet.config.lease_ttl_s)  # at least: its leases lapse meanwhile
+    wait_until(
+        lambda: _redispatches(fleet) > before, WATCH_S, f"a step {host} held re-dispatched while cut off"
+    )
     redispatched = {s: fleet.shapes([s])[s].step_id for s in affected}
     healed = time.monotonic()
     watch = _Watch(fleet, affected)  # from the heal: what its shapes store next
@@ -95,6 +99,27 @@ def partition_gpu_host(fleet: Fleet, host: str = "gpu1", limit: int = 4) -> Outc
     )
 
 
+def _cut_mid_step(fleet: Fleet, host: str) -> tuple[list[str], dict[str, str | None], float]:
+    """Cut the host's link while a MEASURE runs on one of its GPUs: a step that ended before the cut
+    landed does not count (heal and try again). The shapes whose GPU step it held at the cut, their
+    step ids, and when the cut was made."""
+    uuids = fleet.gpu_uuids(host)
+    link = fleet.bed.host(host)
+    for _ in range(CUT_TRIES):
+        fleet.wait_running_on(uuids, "measure")
+        t0 = time.monotonic()
+        link.link_down()
+        held = sorted(fleet.running_gpu_steps(uuids))  # Redis's view, which the host can no longer change
+        if held:
+            return held, {s: fleet.shapes([s])[s].step_id for s in held}, t0
+        link.link_up()
+    raise TimeoutError(f"no GPU step was running on {host} at any of {CUT_TRIES} cuts")
+
+
+def _redispatches(fleet: Fleet) -> int:
+    return int(fleet.client.hget(keys.STATS, "redispatch") or 0)
+
+
 def kill_host(fleet: Fleet, host: str = "gpu1", limit: int = 4, new_hostname: str | None = None) -> Outcome:
     """SIGKILL every process of the host at once (mid-MEASURE), then boot it again (optionally under a
     new hostname, as a re-created pod) and start its services."""
@@ -106,6 +131,7 @@ def kill_host(fleet: Fleet, host: str = "gpu1", limit: int = 4, new_hostname: st
     target.restart(hostname=new_hostname)
     fleet.start_services(host)
     at = watch.wait()
+    fleet.wait_gpus(len(GPU_HOSTS) * fleet.config.sim_gpus)  # its GPUs registered again, both of them
     hosts = {g.uuid: g.host for g in registry.all_gpus(fleet.client) if g.uuid in fleet.gpu_uuids(host)}
     fleet.wait_done(sub)
     return Outcome(sub, MAX_ITER, at - t0, None, affected, {"gpu_hosts": hosts})

@@ -46,9 +46,12 @@ interpreter exit if nobody did.
 
 Not private per host: ``/tmp`` (processes get ``TMPDIR`` inside their host folder instead; hiding ``/tmp``
 would hide a checkout or a bed root that lives there), the machine's other files, and the kernel (one
-boot id, one monotonic clock). libfaketime shifts a skewed host's monotonic clock by the same offset as its
-wall clock (a constant, so intervals are right): with ``FAKETIME_DONT_FAKE_MONOTONIC=1``, libfaketime 0.9.10
-makes every ``clock_nanosleep(TIMER_ABSTIME)`` fail with EINVAL, i.e. Python's ``time.sleep``.
+boot id, one monotonic clock). On a skewed host libfaketime shifts the wall clock only: with its monotonic
+clock shifted too, every timed wait of a Python thread (``Event.wait``, ``Lock.acquire``: glibc's
+``sem_clockwait``, which libfaketime 0.9.10 does not intercept) would last the offset longer, and a
+heartbeat every 0.75 s would beat every 90 s. With the monotonic clock real, libfaketime refuses
+``clock_nanosleep(TIMER_ABSTIME)`` (EINVAL), i.e. Python's ``time.sleep``: the host's Python processes
+import ``skewed_site/sitecustomize.py``, whose ``time.sleep`` waits in ``select``.
 """
 
 from __future__ import annotations
@@ -78,15 +81,20 @@ from urllib.parse import quote
 
 import redis
 
+from croqq.processes.patience import Deadline
 from croqq.processes.redis_server import find_redis_server
 
 PREFIX = "cqbed-"
 NETNS_DIR = Path("/run/netns")
+SKEWED_SITE = Path(__file__).resolve().parent / "skewed_site"  # PYTHONPATH of a skewed host's processes
 BRIDGE = "br0"
 HOST_IFACE = "eth0"
 REDIS_PORT = 6379
-BOOT_TIMEOUT_S = 10.0
-KILL_TIMEOUT_S = 10.0
+# Budgets in unloaded seconds (croqq.processes.patience: they stretch with the machine's load)
+BOOT_TIMEOUT_S = 60.0  # a host's init says "ready"
+KILL_TIMEOUT_S = 60.0  # a SIGKILLed process is reaped
+REDIS_START_TIMEOUT_S = 60.0  # the bed's redis-server answers a PING
+COMMAND_TIMEOUT_S = 60.0  # a short command (`ip`, Host.run) finishes
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _BED_NAME = re.compile(r"^[a-z0-9]{1,12}$")
 _HOST_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
@@ -148,9 +156,45 @@ while True:
 # --- small helpers -----------------------------------------------------------------------------------
 
 
-def _run(argv: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        list(argv), check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+def _wait(proc: subprocess.Popen[bytes], budget_s: float) -> bool:
+    """Wait for ``proc`` to exit within ``budget_s`` unloaded seconds; False if it did not."""
+    deadline = Deadline(budget_s)
+    while True:
+        try:
+            proc.wait(0.2)
+            return True
+        except subprocess.TimeoutExpired:
+            if deadline.expired():
+                return False
+
+
+def _communicate(
+    proc: subprocess.Popen[bytes], argv: Sequence[str], budget_s: float, input: bytes | None = None
+) -> tuple[bytes, bytes]:
+    """``proc.communicate(input)`` within ``budget_s`` unloaded seconds, else kill it and raise
+    :class:`subprocess.TimeoutExpired` (with the wall seconds waited)."""
+    deadline = Deadline(budget_s)
+    while True:
+        try:
+            out, err = proc.communicate(input, timeout=0.5)  # retrying loses no output
+            return out or b"", err or b""
+        except subprocess.TimeoutExpired:
+            if deadline.expired():
+                proc.kill()
+                out, err = proc.communicate()
+                raise subprocess.TimeoutExpired(list(argv), deadline.waited_s, out, err) from None
+
+
+def _run(
+    argv: Sequence[str], check: bool = True, timeout: float = COMMAND_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run a command of the bed's own on the machine (``timeout``: unloaded seconds)."""
+    proc = subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = _communicate(proc, argv, timeout)
+    result = subprocess.CompletedProcess(
+        list(argv), proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
     )
     if check and result.returncode != 0:
         raise BedError(f"`{' '.join(argv)}` failed ({result.returncode}): {result.stderr.strip()}")
@@ -387,8 +431,8 @@ class HostProcess(subprocess.Popen[bytes]):
     def inner_pid(self) -> int | None:
         """The command's PID in the machine's PID namespace (None once it has gone)."""
         if self._inner is None:
-            deadline = time.monotonic() + 2.0
-            while self._inner is None and self.poll() is None and time.monotonic() < deadline:
+            deadline = Deadline(KILL_TIMEOUT_S)  # nsenter forks the command right after it starts
+            while self._inner is None and self.poll() is None and not deadline.expired():
                 kids = _children(self.pid)
                 if kids:
                     self._inner = kids[0]
@@ -581,14 +625,18 @@ class Host:
         finally:
             log.close()
         assert proc.stdout is not None
+        started = time.monotonic()
         line = self._read_ready(proc, proc.stdout)
         proc.stdout.close()
         if line != b"ready\n":
+            waited = time.monotonic() - started
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             tail = (self.log_dir / "init.log").read_text(errors="replace").strip().splitlines()[-5:]
-            raise BedError(f"host {self.name} did not boot: {' | '.join(tail) or 'no output'}")
+            raise BedError(
+                f"host {self.name} did not boot (waited {waited:.0f} s): {' | '.join(tail) or 'no output'}"
+            )
         init = _find_ns_init(proc.pid)
         if init is None:
             with contextlib.suppress(ProcessLookupError):
@@ -599,12 +647,15 @@ class Host:
 
     @staticmethod
     def _read_ready(proc: subprocess.Popen[bytes], stream: IO[bytes]) -> bytes:
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        """The init's first line, or what came of it within BOOT_TIMEOUT_S unloaded seconds."""
+        deadline = Deadline(BOOT_TIMEOUT_S)
         data = b""
-        while not data.endswith(b"\n") and time.monotonic() < deadline:
-            ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+        while not data.endswith(b"\n"):
+            ready, _, _ = select.select([stream], [], [], 0.5)
             if not ready:
-                break
+                if deadline.expired():
+                    break
+                continue
             chunk = os.read(stream.fileno(), 64)
             if not chunk:
                 break
@@ -623,14 +674,14 @@ class Host:
         if proc is not None and proc.poll() is None and self._init_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._init_pid, signal.SIGKILL)
-            try:
-                proc.wait(KILL_TIMEOUT_S)
-            except subprocess.TimeoutExpired as exc:
-                raise BedError(f"host {self.name}: init {self._init_pid} survived SIGKILL") from exc
+            started = time.monotonic()
+            if not _wait(proc, KILL_TIMEOUT_S):
+                raise BedError(
+                    f"host {self.name}: init {self._init_pid} survived SIGKILL "
+                    f"(not reaped after {time.monotonic() - started:.0f} s)"
+                )
         for child in self._procs:
-            try:
-                child.wait(KILL_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
+            if not _wait(child, KILL_TIMEOUT_S):
                 os.kill(child.pid, signal.SIGKILL)
                 child.wait()
         self._procs.clear()
@@ -672,7 +723,8 @@ class Host:
             if lib is not None:
                 full["LD_PRELOAD"] = lib
             full["FAKETIME"] = self.faketime
-            full["FAKETIME_DONT_FAKE_MONOTONIC"] = "0"  # "1" breaks time.sleep (see the module doc)
+            full["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"  # a real monotonic clock (see the module doc)
+            full["PYTHONPATH"] = str(SKEWED_SITE)  # a time.sleep that works there
         full.update(env or {})
         return full
 
@@ -719,12 +771,13 @@ class Host:
         self,
         argv: Sequence[str],
         env: Mapping[str, str] | None = None,
-        timeout: float = 30.0,
+        timeout: float = COMMAND_TIMEOUT_S,
         input: str | None = None,
         check: bool = False,
         cwd: Path | str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a short command inside the host; its output captured as text."""
+        """Run a short command inside the host; its output captured as text (``timeout``: unloaded
+        seconds, :mod:`croqq.processes.patience`; past it the command is killed, TimeoutExpired)."""
         cmd = self._nsenter(argv, cwd)
         proc = HostProcess(
             cmd,
@@ -735,19 +788,14 @@ class Host:
             start_new_session=True,
         )
         proc.host = self
-        try:
-            out, err = proc.communicate(input.encode() if input is not None else None, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise
+        out, err = _communicate(proc, argv, timeout, input.encode() if input is not None else None)
         result = subprocess.CompletedProcess(list(argv), proc.returncode, out.decode(errors="replace"),
                                              err.decode(errors="replace"))  # fmt: skip
         if check:
             result.check_returncode()
         return result
 
-    def python(self, code: str, env: Mapping[str, str] | None = None, timeout: float = 30.0,
+    def python(self, code: str, env: Mapping[str, str] | None = None, timeout: float = COMMAND_TIMEOUT_S,
                check: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
         """Run ``python -c code`` inside the host with this interpreter (the repository's venv)."""
         return self.run([sys.executable, "-c", code], env=env, timeout=timeout, check=check)
@@ -835,7 +883,9 @@ class Bed:
     def host(self, name: str) -> Host:
         return self.hosts[name]
 
-    def start_redis(self, host: Host, password: str, port: int = REDIS_PORT, timeout: float = 15.0) -> str:
+    def start_redis(
+        self, host: Host, password: str, port: int = REDIS_PORT, timeout: float = REDIS_START_TIMEOUT_S
+    ) -> str:
         """Start a real ``redis-server`` on ``host``, bound to its address (TCP only, ``requirepass``,
         AOF fsynced on every write, ``noeviction``, data in ``<host folder>/redis``; after a kill or a
         restart of the host, calling this again replays its AOF). Returns ``redis://:<pw>@<ip>:<port>/0``."""
@@ -865,7 +915,7 @@ class Bed:
         self.redis[host.name] = proc
         url = f"redis://:{quote(password, safe='')}@{host.ip}:{port}/0"
         client = host.redis_client(url, socket_connect_timeout=0.5, socket_timeout=2.0)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         try:
             while True:
                 try:
@@ -878,8 +928,10 @@ class Bed:
                     raise BedError(
                         f"redis-server on {host.name} exited ({proc.returncode}): {' | '.join(tail)}"
                     )
-                if time.monotonic() > deadline:
-                    raise BedError(f"redis-server on {host.name} not answering after {timeout:.0f}s")
+                if deadline.expired():
+                    raise BedError(
+                        f"redis-server on {host.name} not answering after {deadline.waited_s:.0f}s"
+                    )
                 time.sleep(0.02)
         finally:
             client.close()

@@ -87,7 +87,7 @@ def cluster_env(cfg: StressConfig) -> dict[str, str]:
         "CROQQ_PIPELINE_DEPTH": str(depth),
         "CROQQ_LEASE_TTL_S": str(ttl),
         "CROQQ_RECONCILE_EVERY_S": str(min(1.0, ttl / 5)),
-        "CROQQ_HEALTH_WAIT_S": str(min(3.0, ttl / 2)),
+        "CROQQ_HEALTH_WAIT_S": str(min(3.0, ttl)),
         "CROQQ_RECHECK_EVERY_S": str(ttl),
         "CROQQ_QUARANTINE_COOLDOWN_S": str(ttl),
         "CROQQ_GPU_OFFLINE_S": str(6 * ttl),

@@ -36,7 +36,7 @@ def stress_once(
         out_root=root,
         sim_gpus=4,
         lease_ttl_s=TTL,
-        fault_seconds=6.0,
+        fault_seconds=20.0,  # a persistent GPU fault outlasts the health wait by far: a GPU step meets it
         timeout_s=240.0,
         log_level="INFO",
         store_group=store_group,

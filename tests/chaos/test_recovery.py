@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import redis
 from croqq.chaos.invariants import repo_problems
 from croqq.delivery import keys
 from croqq.processes.local import LocalCluster
+from croqq.processes.patience import wait_until
 from croqq.store.paths import RunPaths
 
 pytestmark = pytest.mark.chaos
@@ -36,24 +36,25 @@ def checkpoint(repo: Path, key: str) -> dict[str, object]:
     return json.loads((repo / PATHS.checkpoint(key)).read_text())
 
 
+@pytest.mark.timeout(1800)
 def test_cold_start_rebuilds_from_the_repo_and_finishes_with_every_invariant(
     env: dict[str, str], redis_client: redis.Redis
 ) -> None:
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
         cluster.submit("f16", max_iter=8, limit=6)
-        while stored(redis_client) < 20:
-            time.sleep(0.05)
+        wait_until(lambda: stored(redis_client) >= 20, 300, "20 iterations stored", every_s=0.05)
         redis_client.flushall()  # mid-sweep: every live record, queue and lease is gone
-        deadline = time.monotonic() + 60
-        while not redis_client.exists(keys.SHAPES) and time.monotonic() < deadline:
+
+        def rebuilt() -> bool:
             cluster.poll()
-            time.sleep(0.2)
-        assert redis_client.scard(keys.SHAPES) > 0, "the coordinator did not rebuild live state from the repo"
+            return redis_client.scard(keys.SHAPES) > 0
+
+        wait_until(rebuilt, 300, "the coordinator to rebuild live state from the repo", every_s=0.2)
     with LocalCluster(env) as cluster:  # restart the cluster, as `croqq up --dtype f16` would
         cluster.wait_gpus()
         sub = cluster.submit("f16", max_iter=8, limit=6)
-        snap = cluster.wait_done(sub, timeout_s=180)
+        snap = cluster.wait_done(sub, timeout_s=600)
     assert snap.total.done == 6 and snap.total.error == 0
     repo = Path(env["CROQQ_RESULTS_REPO"])
     assert repo_problems(repo) == []
@@ -82,13 +83,14 @@ def damage(repo: Path, keys_: list[str]) -> None:
     git(repo, "-c", "user.name=careless", "-c", "user.email=c@x", "commit", "-qm", "hand edit")
 
 
+@pytest.mark.timeout(1800)
 def test_damaged_trees_are_named_cleaned_alone_and_the_cluster_resumes_the_rest(
     env: dict[str, str], redis_client: redis.Redis, croqq: Cli
 ) -> None:
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
         sub = cluster.submit("f16", max_iter=3, limit=6)
-        cluster.wait_done(sub, timeout_s=120)
+        cluster.wait_done(sub, timeout_s=300)
     repo = Path(env["CROQQ_RESULTS_REPO"])
     all_keys = sorted(json.loads((repo / RUN / "state.json").read_text())["shapes"])
     damaged, healthy = all_keys[:4], all_keys[4:]
@@ -113,7 +115,7 @@ def test_damaged_trees_are_named_cleaned_alone_and_the_cluster_resumes_the_rest(
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
         sub = cluster.submit("f16", max_iter=3, limit=6)
-        snap = cluster.wait_done(sub, timeout_s=120)
+        snap = cluster.wait_done(sub, timeout_s=300)
     assert snap.total.done == 6
     state = json.loads((repo / RUN / "state.json").read_text())["shapes"]
     assert sorted(state) == all_keys and all(checkpoint(repo, key)["current_iter"] == 3 for key in state)

@@ -7,19 +7,23 @@ processes in /proc, so what is tested is the supervisor's own restarts, not the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from croqq.chaos.invariants import repo_problems, stored_iterations
+from croqq.processes.patience import Deadline, wait_until
 from croqq.store.paths import RunPaths
+from tests.output import error_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,12 +105,13 @@ def kind(role: str) -> str:
 
 def kill_randomly(up: subprocess.Popen[bytes], seconds: float, every_s: float, seed: int) -> list[str]:
     """SIGKILL one process of ``up``'s tree every ``every_s`` (each kind of process in turn, in a random
-    order each round, then a random process of that kind), never ``up`` itself; return what was killed."""
+    order each round, then a random process of that kind), never ``up`` itself, for ``seconds`` (unloaded:
+    the window stretches with the machine's load) or until ``up`` exits; return what was killed."""
     rng = random.Random(seed)
     killed: list[str] = []
     order: list[str] = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and up.poll() is None:
+    window = Deadline(seconds)
+    while not window.expired() and up.poll() is None:
         time.sleep(every_s)
         procs = tree(up.pid)
         present = sorted({kind(r) for r in procs.values()})
@@ -147,36 +152,43 @@ def assert_nothing_lost(root: Path, max_iter: int = MAX_ITER) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def wait_stored(root: Path, up: subprocess.Popen[bytes], log: str, count: int, timeout_s: float) -> None:
-    """Until the results repo has ``count`` commits; fails if ``up`` exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_stored(root: Path, up: subprocess.Popen[bytes], log: str, count: int, budget_s: float = 300) -> None:
+    """Until the results repo has ``count`` commits; fails if ``up`` exits first or they never come."""
+
+    def stored() -> bool:
         assert up.poll() is None, output(root, log)[-3000:]
-        log = subprocess.run(
+        commits = subprocess.run(
             ["git", "-C", str(root / "results"), "rev-list", "--count", "HEAD"],
             capture_output=True,
             text=True,
             check=False,
         )
-        if log.returncode == 0 and int(log.stdout.strip() or 0) >= count:
-            return
-        time.sleep(0.5)
+        return commits.returncode == 0 and int(commits.stdout.strip() or 0) >= count
+
+    wait_until(stored, budget_s, f"{count} commits in the results repo", every_s=0.5)
+
+
+def wait_exit(proc: subprocess.Popen[bytes] | subprocess.Popen[str], budget_s: float, what: str) -> int:
+    """``proc``'s exit code, once it has exited (within ``budget_s`` unloaded seconds)."""
+    wait_until(lambda: proc.poll() is not None, budget_s, what, every_s=0.2)
+    return proc.wait()
 
 
 def output(root: Path, log: str) -> str:
     return (root / log).read_text(errors="replace")
 
 
+@pytest.mark.timeout(3600)
 def test_random_kills_under_croqq_up_lose_and_duplicate_nothing(short_tmp: Path) -> None:
     up = start_up(short_tmp, "up.log")
     try:
-        wait_stored(short_tmp, up, "up.log", 10, timeout_s=60)
+        wait_stored(short_tmp, up, "up.log", 10)
         killed = kill_randomly(up, seconds=120, every_s=3.0, seed=int(os.environ.get("CROQQ_TEST_SEED", "5")))
-        rc = up.wait(timeout=180)
+        rc = wait_exit(up, 900, "croqq up to finish the run after the kills")
     finally:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)
-            up.wait(timeout=60)
+            up.wait(timeout=120)
     print(f"{len(killed)} processes killed: {', '.join(killed)}")
     assert rc == 0, output(short_tmp, "up.log")[-3000:]
     assert {kind(k.split(":")[0]) for k in killed} == KINDS, killed
@@ -184,31 +196,46 @@ def test_random_kills_under_croqq_up_lose_and_duplicate_nothing(short_tmp: Path)
     assert_nothing_lost(short_tmp)
 
 
+@pytest.mark.timeout(3600)
 def test_a_killed_croqq_up_takes_its_cluster_along_and_a_rerun_finishes(short_tmp: Path) -> None:
     first = start_up(short_tmp, "first.log", max_iter=SHORT_MAX_ITER)
     try:
-        wait_stored(short_tmp, first, "first.log", 20, timeout_s=90)
-        procs = tree(first.pid)
-        assert {kind(r) for r in procs.values()} == KINDS, (procs, output(short_tmp, "first.log")[-3000:])
+        wait_stored(short_tmp, first, "first.log", 20)
+
+        def every_kind_running() -> dict[int, str] | None:  # a child restarting (or a pool forking) is back
+            assert first.poll() is None, output(short_tmp, "first.log")[-3000:]
+            procs = tree(first.pid)
+            return procs if {kind(r) for r in procs.values()} == KINDS else None
+
+        procs = wait_until(every_kind_running, 300, f"every kind of process under croqq up: {sorted(KINDS)}")
         first.kill()  # the supervisor itself: no clean shutdown, no chance to stop its children
-        first.wait(timeout=10)
+        first.wait(timeout=60)
     finally:
         if first.poll() is None:
             first.kill()
-    deadline = time.monotonic() + 10
-    while any(_proc(pid) for pid in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
+
+    def all_gone() -> bool:
+        return not any(_proc(pid) for pid in procs)
+
+    with contextlib.suppress(TimeoutError):  # those left are named below
+        wait_until(all_gone, 60, "the killed supervisor's children to die")
     left = {pid: role for pid, role in procs.items() if _proc(pid)}
     assert not left, f"still running after the supervisor was killed: {left}"
 
     second = start_up(short_tmp, "second.log", max_iter=SHORT_MAX_ITER)
-    rc = second.wait(timeout=180)
+    try:
+        rc = wait_exit(second, 900, "the second croqq up to finish the run")
+    finally:
+        if second.poll() is None:
+            second.send_signal(signal.SIGINT)
+            second.wait(timeout=120)
     text = output(short_tmp, "second.log")
     assert rc == 0, text[-3000:]
     assert f"a croqq up (pid {first.pid}) that died in" in text and "left no process running" in text
     assert_nothing_lost(short_tmp, SHORT_MAX_ITER)
 
 
+@pytest.mark.timeout(1800)
 def test_a_second_croqq_up_on_a_live_run_folder_is_refused(short_tmp: Path) -> None:
     first = subprocess.Popen(
         [sys.executable, "-m", "croqq", "up", "--sim-gpus", "1"],
@@ -218,22 +245,41 @@ def test_a_second_croqq_up_on_a_live_run_folder_is_refused(short_tmp: Path) -> N
         stderr=subprocess.STDOUT,
         text=True,
     )
-    try:
+    lines: list[str] = []  # what the first printed (read on, so that it never blocks on a full pipe)
+
+    def read() -> None:
         assert first.stdout is not None
-        assert "croqq cluster up" in first.stdout.readline()
+        for line in first.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+
+        def cluster_up() -> bool:
+            assert first.poll() is None, "".join(lines)
+            return any("croqq cluster up" in line for line in list(lines))
+
+        wait_until(cluster_up, 300, "the first croqq up to say `croqq cluster up`")
         second = subprocess.run(
             [sys.executable, "-m", "croqq", "up", "--sim-gpus", "1"],
             env=up_env(short_tmp),
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=300,
             check=False,
         )
-        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
-        assert f"already runs in {short_tmp / 'run'} (croqq up pid {first.pid})" in second.stderr
-        assert f"`kill {first.pid}`" in second.stderr and first.poll() is None
+        refused = error_line(second.stderr)
+        assert second.returncode == 2, second.stderr
+        assert f"already runs in {short_tmp / 'run'} (croqq up pid {first.pid})" in refused
+        assert f"`kill {first.pid}`" in refused and first.poll() is None
     finally:
         first.send_signal(signal.SIGINT)
-        first.wait(timeout=60)
-    assert first.returncode == 0
+        try:
+            wait_exit(first, 180, "the first croqq up to stop on SIGINT")
+        finally:
+            if first.poll() is None:
+                first.kill()
+            reader.join(timeout=60)
+    assert first.returncode == 0, "".join(lines)[-3000:]

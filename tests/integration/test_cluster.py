@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,10 @@ from croqq.delivery import keys
 from croqq.delivery.queues import BUILD, TASK_BUILD
 from croqq.processes.app import make_app
 from croqq.processes.local import LocalCluster
+from croqq.processes.patience import wait_until
 from croqq.store.paths import RunPaths
 from croqq.store.render import parse_tsv
+from tests.output import error_line
 
 pytestmark = pytest.mark.slow
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
@@ -60,7 +61,7 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
     with LocalCluster(cluster_env) as cluster:
         cluster.wait_gpus()
         sub = cluster.submit("f16", max_iter=4, limit=3)
-        snap = cluster.wait_done(sub, timeout_s=120)
+        snap = cluster.wait_done(sub, timeout_s=300)
         client = cluster.client
         assert snap.total.done == 3 and snap.total.iters_done == 15
         assert client.zcard(keys.RUNNING) == 0 and client.zcard(keys.OUTBOX) == 0
@@ -79,12 +80,9 @@ def test_group_commit_stores_the_queued_iterations_together_each_exactly_once(
         client = cluster.client
         client.set(keys.barrier("store"), "1")  # the writer holds its first STORE until 2 more are queued
         sub = cluster.submit("f16", max_iter=3, limit=4)
-        deadline = time.monotonic() + 60
-        while client.zcard(keys.QUEUED_STORES) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert client.zcard(keys.QUEUED_STORES) >= 2
+        wait_until(lambda: client.zcard(keys.QUEUED_STORES) >= 2, 180, "2 STOREs queued", every_s=0.05)
         client.delete(keys.barrier("store"))
-        snap = cluster.wait_done(sub, timeout_s=120)
+        snap = cluster.wait_done(sub, timeout_s=300)
         assert snap.total.done == 4 and snap.total.iters_done == 16
         assert (
             client.zcard(keys.RUNNING) == client.zcard(keys.OUTBOX) == client.zcard(keys.QUEUED_STORES) == 0
@@ -101,32 +99,37 @@ def test_group_commit_stores_the_queued_iterations_together_each_exactly_once(
 
 def test_a_payload_that_fails_validation_is_logged_and_dropped(cluster_env: dict[str, str]) -> None:
     roles = {"build": ["build-worker"]}
+    log = Path(cluster_env["CROQQ_RUN_DIR"]) / "logs" / "build.log"
+    line = "rejected message: StepMessage: step_id: Input should be a valid string"
+
+    def logged() -> bool:  # the counter is incremented before the line is logged
+        return log.exists() and line in log.read_text()
+
     with LocalCluster(cluster_env, roles=roles) as cluster:
         celery = make_app(cluster.settings)
         celery.send_task(TASK_BUILD, args=[{"step_id": 5, "epoch": -1}], queue=BUILD)
-        deadline = time.monotonic() + 30
-        while not cluster.client.hget(keys.STATS, "rejected") and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: cluster.client.hget(keys.STATS, "rejected"), 180, "the build worker to reject it")
+        wait_until(logged, 60, f"{line!r} in {log}")
         assert cluster.client.hget(keys.STATS, "rejected") == "1"
         assert cluster.client.llen(BUILD) == 0
-    log = (Path(cluster_env["CROQQ_RUN_DIR"]) / "logs" / "build.log").read_text()
-    assert "rejected message: StepMessage: step_id: Input should be a valid string" in log
 
 
 def test_a_second_writer_refuses_to_start(cluster_env: dict[str, str]) -> None:
-    with LocalCluster(cluster_env, roles={"writer": ["writer"]}) as cluster:
-        deadline = time.monotonic() + 30
-        while not cluster.client.exists(keys.lease("writer")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        env = {**cluster.env, "PATH": "/usr/bin:/bin"}
+    # a long lease: the first writer keeps it however slowly its heartbeat runs on a loaded machine (the
+    # second then waits 1.5 TTLs for it before refusing)
+    env = cluster_env | {"CROQQ_LEASE_TTL_S": "20"}
+    with LocalCluster(env, roles={"writer": ["writer"]}) as cluster:
+        client = cluster.client
+        wait_until(lambda: client.exists(keys.lease("writer")), 180, "the first writer's lease", every_s=0.1)
+        holder = client.get(keys.lease("writer"))
         second = subprocess.run(
             [sys.executable, "-m", "croqq", "writer"],
             check=False,
-            env=env,
+            env={**cluster.env, "PATH": "/usr/bin:/bin"},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=300,
         )
+        assert client.get(keys.lease("writer")) == holder  # the first kept it throughout
     assert second.returncode != 0
-    lines = [line for line in second.stderr.splitlines() if line.startswith("croqq: error:")]
-    assert len(lines) == 1 and "the writer lock is already held by" in lines[0]
+    assert "the writer lock is already held by" in error_line(second.stderr)

@@ -8,12 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,6 +19,7 @@ from croqq.placement import registry
 from croqq.processes.boot import host_name
 from croqq.processes.local import LocalCluster
 from croqq.processes.naming import gpu_node
+from croqq.processes.patience import wait_until
 from tests.browser import Browser, browser  # noqa: F401
 from tests.ports import free_port
 
@@ -41,16 +40,6 @@ def get(url: str, authorization: str | None = None) -> tuple[int, bytes]:
         return 0, b""  # not listening (yet)
 
 
-def wait_until(what: str, check: Any, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
-
-
 @pytest.fixture
 def fleet(
     cluster_env: dict[str, str], tmp_path: Path
@@ -69,13 +58,13 @@ def fleet(
             )
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_until("Flower answers", lambda: get(f"{url}/healthcheck")[0] == 200)
+            wait_until(lambda: get(f"{url}/healthcheck")[0] == 200, 180, "Flower answers", every_s=0.5)
             cluster.wait_gpus()
-            cluster.wait_done(cluster.submit("f16", max_iter=2, limit=1), timeout_s=120)
+            cluster.wait_done(cluster.submit("f16", max_iter=2, limit=1), timeout_s=300)
             yield cluster, url, flower
         finally:
             flower.terminate()
-            flower.wait(timeout=30)
+            flower.wait(timeout=60)
 
 
 def expected_workers(cluster: LocalCluster) -> set[str]:
@@ -90,6 +79,7 @@ def listed(browser: Browser, names: set[str]) -> set[str]:  # noqa: F811
     return {name for name in names if name in page}
 
 
+@pytest.mark.timeout(1800)  # with its fixture: Flower up, a cluster run, then the waits below
 def test_flower_needs_its_login_on_pages_api_and_metrics_and_shows_it_on_no_command_line(
     fleet: tuple[LocalCluster, str, subprocess.Popen[bytes]],
 ) -> None:
@@ -103,12 +93,13 @@ def test_flower_needs_its_login_on_pages_api_and_metrics_and_shows_it_on_no_comm
         status, body = get(f"{url}/api/workers?refresh=1", AUTH)
         return status == 200 and want <= set(json.loads(body))
 
-    wait_until(f"/api/workers lists {sorted(want)}", api_lists_them)
+    wait_until(api_lists_them, 180, f"/api/workers lists {sorted(want)}", every_s=0.5)
     assert get(f"{url}/metrics", AUTH)[0] == 200 and get(f"{url}/healthcheck")[0] == 200
     cmdline = Path(f"/proc/{flower.pid}/cmdline").read_bytes()
     assert PASSWORD.encode() not in cmdline and b"flower" in cmdline
 
 
+@pytest.mark.timeout(1800)
 def test_flower_lists_every_worker_by_name_and_their_tasks_in_a_browser(
     fleet: tuple[LocalCluster, str, subprocess.Popen[bytes]],
     browser: Browser,  # noqa: F811
@@ -121,7 +112,7 @@ def test_flower_lists_every_worker_by_name_and_their_tasks_in_a_browser(
     want = expected_workers(cluster)
     assert len([w for w in want if w.startswith("gpu-")]) == 2
     try:
-        wait_until(f"Flower lists {sorted(want)}", lambda: want <= listed(browser, want))
+        wait_until(lambda: want <= listed(browser, want), 180, f"Flower lists {sorted(want)}", every_s=0.5)
     finally:
         shot = browser.screenshot(tmp_path / "flower-workers.png")
         print(f"screenshot {shot}; the page read: {browser.text()[:500]!r}")
@@ -129,5 +120,5 @@ def test_flower_lists_every_worker_by_name_and_their_tasks_in_a_browser(
     images = browser.images()
     assert all(image["ok"] for image in images), images
     browser.open(f"{url}/tasks")
-    wait_until("a croqq task on the tasks page", lambda: "croqq." in browser.text())
+    wait_until(lambda: "croqq." in browser.text(), 180, "a croqq task on the tasks page", every_s=0.5)
     browser.screenshot(tmp_path / "flower-tasks.png")

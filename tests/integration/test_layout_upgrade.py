@@ -20,6 +20,7 @@ BUNDLE = Path(__file__).resolve().parents[1] / "fixtures" / "results-before-shap
 RUN = RunPaths("sm90_Simulated_H100_SXM", "cuda")
 
 
+@pytest.mark.timeout(2400)
 def test_up_over_an_old_layout_repo_moves_it_and_goes_on(tmp_path: Path, croqq: CroqqCli) -> None:
     results = tmp_path / "results"
     subprocess.run(["git", "clone", "-q", "-b", "main", str(BUNDLE), str(results)], check=True)
@@ -29,7 +30,7 @@ def test_up_over_an_old_layout_repo_moves_it_and_goes_on(tmp_path: Path, croqq: 
         "CROQQ_TIME_SCALE": "0.02",
     }
     argv = ["--dtype", "all", "--limit", "4", "--max-iter", "14", "--sim-gpus", "2", "--exit-when-done"]
-    done = croqq(env, "up", *argv)
+    done = croqq(env, "up", *argv, timeout=1800)  # a whole run: its own waits stretch with the load
     assert done.returncode == 0, done.stdout + done.stderr
 
     log = subprocess.run(

@@ -6,11 +6,11 @@ Skips, saying why, where Prometheus is not installed (.ci/run installs it as roo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from croqq.processes.local import LocalCluster
+from croqq.processes.patience import wait_until
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,10 @@ def dashboard_queries() -> list[tuple[str, str]]:
 def scrape_config(tmp_path: Path, exporter_port: int) -> Path:
     """The compose profile's Prometheus config, pointed at this test's exporter and password file."""
     config = yaml.safe_load((ROOT / "docker" / "prometheus" / "prometheus.yml").read_text())
-    config["global"]["scrape_interval"] = "1s"
+    # a scrape every 5 s, each allowed 5 s (a timeout may not exceed the interval; with 1 s, a loaded
+    # machine's slower answer would count as the exporter down)
+    config["global"]["scrape_interval"] = "5s"
+    config["global"]["scrape_timeout"] = "5s"
     (job,) = config["scrape_configs"]
     (tmp_path / "exporter_password").write_text(PASSWORD + "\n")
     assert job["basic_auth"]["password_file"] == "/run/secrets/exporter_password"
@@ -51,7 +55,7 @@ def scrape_config(tmp_path: Path, exporter_port: int) -> Path:
 def query(port: int, expr: str) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
+        with urllib.request.urlopen(url, timeout=60) as reply:
             return dict(json.load(reply))
     except urllib.error.HTTPError as exc:  # a bad query: 400 with the parser's message
         return dict(json.load(exc))
@@ -59,6 +63,7 @@ def query(port: int, expr: str) -> dict[str, Any]:
         return {}
 
 
+@pytest.mark.timeout(1800)
 def test_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_data(
     cluster_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -85,20 +90,27 @@ def test_prometheus_scrapes_the_exporter_and_every_dashboard_query_returns_data(
             stdout=subprocess.DEVNULL,
             stderr=(tmp_path / "prometheus.log").open("w"),
         )
-        try:
-            deadline = time.monotonic() + 60
-            while not query(prom_port, 'up{job="croqq"} == 1').get("data", {}).get("result"):
-                assert time.monotonic() < deadline, "Prometheus never scraped the exporter"
-                time.sleep(0.5)
-            sub = cluster.submit("f16", max_iter=6, limit=2)  # stored while Prometheus watches
-            cluster.wait_done(sub, timeout_s=180)
-            deadline, results = time.monotonic() + 60, {}
-            while time.monotonic() < deadline:  # until every panel has data (a few scrapes after the run)
-                time.sleep(2)
-                results = {expr: query(prom_port, expr) for _, expr in dashboard_queries()}
-                if all(r.get("status") == "success" and r["data"]["result"] for r in results.values()):
-                    break
+
+        def scraped() -> bool:
+            return bool(query(prom_port, 'up{job="croqq"} == 1').get("data", {}).get("result"))
+
+        results: dict[str, dict[str, Any]] = {}
+        up: dict[str, Any] = {}
+
+        def every_panel_has_data() -> bool:  # a few scrapes after the run, the last one successful
+            nonlocal results, up
+            results = {expr: query(prom_port, expr) for _, expr in dashboard_queries()}
             up = query(prom_port, 'up{job="croqq"}')
+            return all(r.get("status") == "success" and r["data"]["result"] for r in results.values()) and [
+                s["value"][1] for s in up.get("data", {}).get("result", [])
+            ] == ["1"]
+
+        try:
+            wait_until(scraped, 180, "Prometheus to scrape the exporter", every_s=0.5)
+            sub = cluster.submit("f16", max_iter=6, limit=2)  # stored while Prometheus watches
+            cluster.wait_done(sub, timeout_s=300)
+            with contextlib.suppress(TimeoutError):  # what is missing is named below
+                wait_until(every_panel_has_data, 180, "every dashboard query to return data", every_s=2)
         finally:
             prometheus.terminate()
             exporter.terminate()

@@ -26,6 +26,7 @@ PATHS = RunPaths("sm90_Simulated_H100_SXM", "replay")
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 
 
+@pytest.mark.timeout(1800)
 def test_a_replay_cluster_tunes_a_shape_on_the_recorded_landscape(
     cluster_env: dict[str, str], croqq: Cli
 ) -> None:
@@ -36,7 +37,7 @@ def test_a_replay_cluster_tunes_a_shape_on_the_recorded_landscape(
         assert done.returncode == 0, done.stderr
         submission = re.search(r"\bas (sub-\S+):", done.stdout)
         assert submission is not None and "/replay as" in done.stdout, done.stdout
-        snap = cluster.wait_done(submission.group(1), timeout_s=180)
+        snap = cluster.wait_done(submission.group(1), timeout_s=600)
         assert snap.total.done == 1 and snap.total.iters_done == 11
     repo = Path(env["CROQQ_RESULTS_REPO"])
     rows = parse_tsv((repo / PATHS.results_tsv(KEY)).read_text())

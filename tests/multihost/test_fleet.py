@@ -114,7 +114,8 @@ def test_a_gpu_host_whose_clock_is_90s_ahead_progresses_and_its_steps_expire_on_
 
 
 def test_a_gpu_worker_back_under_a_new_hostname_keeps_its_shapes(fleet_root: Path) -> None:
-    with fleet_for(fleet_root) as fleet:
+    # its GPUs count as offline (their shapes move elsewhere) only long after a slow restart
+    with fleet_for(fleet_root, gpu_offline_s=600.0) as fleet:
         out = faults.kill_host(fleet, "gpu1", new_hostname="gpu1-recreated")
         assert_kept_promises(fleet, out.submission, out.max_iter)
         assert set(out.seen["gpu_hosts"].values()) == {"gpu1-recreated"}  # type: ignore[attr-defined]
@@ -125,7 +126,8 @@ def test_a_gpu_worker_back_under_a_new_hostname_keeps_its_shapes(fleet_root: Pat
 
 
 def test_a_second_worker_for_a_claimed_gpu_on_another_host_refuses(fleet_root: Path) -> None:
-    with fleet_for(fleet_root) as fleet:
+    # a lease the first worker keeps however busy the machine, while the second waits 1.5 TTLs for it
+    with fleet_for(fleet_root, lease_ttl_s=15.0) as fleet:
         # gpu2 pretends to hold gpu1's GPUs (the same UUIDs): one worker per GPU, fleet-wide
         second = fleet.run("gpu2", "worker", "--gpus", "all", env={"CROQQ_SIM_MACHINE": "gpu1"})
         assert second.returncode == 2

@@ -21,6 +21,7 @@ from croqq.proposers._base import ProposeContext
 from croqq.proposers.agent import jail
 from croqq.proposers.agent.proposer import AgentProposer
 from croqq.settings import Settings
+from tests.output import error_line
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = Shape(dtype="f16", m=4096, n=8192, k=4096)
@@ -129,7 +130,8 @@ def test_an_agent_that_loops_forever_is_killed_at_its_timeout(monkeypatch: pytes
     started = time.monotonic()
     answer = propose(monkeypatch, "loop", agent_timeout_s=2.0)
     assert isinstance(answer, Rejection) and answer.kind == "agent"
-    assert "timed out" in answer.reason and time.monotonic() - started < 15
+    # the agent sleeps for hours: finishing within minutes proves it was killed, not waited out
+    assert "timed out" in answer.reason and time.monotonic() - started < 300
 
 
 @pytest.mark.skipif(
@@ -192,12 +194,12 @@ def test_a_missing_executable_refuses_the_ideate_worker_at_start_up(tmp_path: Pa
         capture_output=True,
         text=True,
         env={**env, "HOME": os.environ.get("HOME", "/root")},
-        timeout=60,
+        timeout=120,
         check=False,
     )
     assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "claude" in lines[0] and "not found" in lines[0], result.stderr
+    line = error_line(result.stderr)
+    assert "claude" in line and "not found" in line, result.stderr
 
 
 def test_the_worker_says_once_at_start_up_when_agents_run_without_a_jail(

@@ -17,6 +17,7 @@ from croqq.domain.source import stored_files
 from croqq.settings import Settings
 from croqq.store.paths import RunPaths
 from croqq.work.persist import run_command
+from tests.output import error_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,5 +63,5 @@ def test_measure_refuses_a_missing_source_in_one_line(tmp_path: Path) -> None:
         env={"PATH": "/usr/bin:/bin", "CROQQ_PROBE": "sim", "CROQQ_RUN_DIR": str(tmp_path / "run")},
     )
     assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--source" in lines[0] and "nope.cu" in lines[0]
+    line = error_line(result.stderr)
+    assert "--source" in line and "nope.cu" in line, result.stderr

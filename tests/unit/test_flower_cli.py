@@ -14,6 +14,7 @@ import redis
 from croqq.processes.flower import flower_argv
 from croqq.processes.webauth import Logins
 from croqq.settings import Settings
+from tests.output import error_line
 from tests.ports import free_port
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
@@ -31,10 +32,10 @@ def test_flower_on_a_network_address_without_login_is_refused_and_starts_nothing
     port = free_port()
     result = croqq(cluster_env, "flower", "--address", address, "--port", str(port))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+    assert error_line(result.stderr) == (
         f"croqq: error: refusing to serve flower on {address} without a login: set "
         "CROQQ_FLOWER_BASIC_AUTH=user:password (or CROQQ_FLOWER_BASIC_AUTH_FILE), or listen on 127.0.0.1"
-    ]
+    )
     assert not listening(port) and redis_client.dbsize() == 0
     assert not (Path(cluster_env["CROQQ_RUN_DIR"]) / "health").exists()  # no heartbeat either
 
@@ -42,8 +43,9 @@ def test_flower_on_a_network_address_without_login_is_refused_and_starts_nothing
 def test_an_unreadable_login_file_is_refused_in_one_line(cluster_env: dict[str, str], croqq: Cli) -> None:
     env = {**cluster_env, "CROQQ_FLOWER_BASIC_AUTH_FILE": "/nonexistent/flower-auth"}
     result = croqq(env, "flower", "--address", "0.0.0.0")
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "CROQQ_FLOWER_BASIC_AUTH_FILE=/nonexistent/flower-auth: cannot read it" in result.stderr
+    assert result.returncode == 2
+    line = error_line(result.stderr)
+    assert "CROQQ_FLOWER_BASIC_AUTH_FILE=/nonexistent/flower-auth: cannot read it" in line, result.stderr
 
 
 def test_flower_gets_the_logins_and_croqq_decides_the_events() -> None:

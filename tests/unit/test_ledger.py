@@ -155,20 +155,20 @@ def test_expired_lease_requeues_with_new_epoch_and_old_result_is_stale(redis_cli
 
 
 def test_heartbeat_keeps_a_lease_alive(redis_client: redis.Redis) -> None:
-    cluster = Cluster(redis_client, ttl=1.0)  # 4 beats span 1.2 TTLs; each leaves 0.7 s of slack
+    cluster = Cluster(redis_client, ttl=5.0)  # 4 beats span 1.2 TTLs; each leaves 3.5 s of slack
     cluster.add_gpu("GPU-a")
     cluster.submit(1)
     step = baseline_step(cluster)
     cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)[0]
     for _ in range(4):
-        time.sleep(0.3)
+        time.sleep(1.5)
         assert cluster.ledger.heartbeat([step.step_id], "w1") == 1
         assert cluster.ledger.expire_leases() == 0
     assert cluster.ledger.heartbeat([step.step_id], "intruder") == 0
 
 
 def test_one_heartbeat_renews_every_step_its_owner_runs_and_no_other(redis_client: redis.Redis) -> None:
-    cluster = Cluster(redis_client, depth=3, ttl=1.0)
+    cluster = Cluster(redis_client, depth=3, ttl=5.0)
     cluster.add_gpu("GPU-a")
     cluster.submit(3)
     steps = [r for r in cluster.published if r.kind == "implement"]
@@ -176,8 +176,8 @@ def test_one_heartbeat_renews_every_step_its_owner_runs_and_no_other(redis_clien
     for step, owner in zip(steps, ("w1", "w1", "w2"), strict=True):
         assert cluster.ledger.claim(step.step_id, 0, owner, step.kind, step.sid)[0] == "ok"
     ids = [s.step_id for s in steps]
-    for _ in range(4):  # 1.2 TTLs: only what a beat renewed is still running
-        time.sleep(0.3)
+    for _ in range(4):  # 1.2 TTLs (at least): only what a beat renewed is still running
+        time.sleep(1.5)
         assert cluster.ledger.heartbeat(ids, "w1") == 2
     assert cluster.ledger.expire_leases() == 1  # w2's step, which w1's beats left alone
     assert {r.step_id for r in cluster.published if r.kind == "implement"} == set(ids)
@@ -411,7 +411,7 @@ def test_a_dropped_or_requeued_store_is_claimed_only_as_it_now_is(redis_client: 
 def test_lease_renewals_stay_out_of_the_aof_and_a_restart_grants_every_running_step_one_ttl(
     redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    ttl = 1.0
+    ttl = 5.0  # the live holder's beats, ttl / 2.8 apart, leave it most of a TTL of slack
     cluster = Cluster(redis_client, depth=2, ttl=ttl)
     cluster.add_gpu("GPU-a")
     cluster.submit(2)
@@ -425,14 +425,14 @@ def test_lease_renewals_stay_out_of_the_aof_and_a_restart_grants_every_running_s
     assert redis_client.info("persistence")["aof_current_size"] == aof  # renewals: memory only
     time.sleep(ttl + 0.2)  # both claims' persisted deadlines pass
     redis_server.kill()
-    redis_server.start()
+    redis_server.start(timeout=180)
     client = redis_server.client()
     ledger = Ledger(client, ttl, cluster.ledger.advance, cluster.published.append)
     assert client.zcard(keys.RUNNING) == 2  # the AOF kept the claims, with their deadlines
     assert ledger.expire_leases() == 0  # a new run id: one TTL for each running step
     assert grace.grant(client, ttl) == (0, 0, 0)  # once per run id
     for _ in range(3):  # the live holder renews; the dead one's lease runs out one TTL after the restart
-        time.sleep(0.45)
+        time.sleep(ttl / 2.8)  # 3 of them: more than a TTL
         ledger.heartbeat([alive.step_id], "w-alive")
     assert ledger.expire_leases() == 1
     assert (ledger.load_step(dead.step_id).epoch, ledger.load_step(alive.step_id).status) == (1, "running")  # type: ignore[union-attr]
@@ -536,7 +536,7 @@ def test_worker_beats_and_gpu_lease_renewals_stay_out_of_the_aof_and_a_restart_g
     redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
     """A GPU worker's beats cost no fsync; a Redis restart neither reaps it nor leaves its GPU unclaimed."""
-    ttl, queue = 1.0, "gpu.h.GPU-a"
+    ttl, queue = 5.0, "gpu.h.GPU-a"
     gpu = registry.GpuEntry(uuid="GPU-a", host="h", index=0, gpu_type=GPU_TYPE, queue=queue, owner="w-gpu")
     registry.register_gpu(redis_client, gpu)
     registry.register_worker(redis_client, "gpu-0@h", [queue], "gpu")
@@ -551,7 +551,7 @@ def test_worker_beats_and_gpu_lease_renewals_stay_out_of_the_aof_and_a_restart_g
     assert redis_client.info("persistence")["aof_current_size"] == aof  # beats: memory only
     assert registry.live_workers(redis_client, ttl) == ["gpu-0@h"]
     redis_server.kill()
-    redis_server.start()
+    redis_server.start(timeout=180)
     client = redis_server.client()
     assert client.get(keys.lease("gpu:GPU-a")) is None  # the AOF had the claim's expiry only
     assert grace.grant(client, ttl) == (0, 1, 1)

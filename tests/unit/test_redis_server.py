@@ -21,7 +21,7 @@ def test_writes_survive_a_sigkill_and_restart(redis_server: RedisServer, redis_c
     pid = redis_server.pid
     redis_server.kill()
     assert not redis_server.running
-    redis_server.start()
+    redis_server.start(timeout=180)
     assert redis_server.pid != pid
     assert redis_server.client().get("croqq:test:durable") == "yes"
 

@@ -335,7 +335,8 @@ def test_profile_classifies_the_bottleneck_with_ncu_like_metrics() -> None:
 def test_same_inputs_give_same_outputs() -> None:
     a, b = backend(), backend()
     c = cand(BIG, STAGES=5)
-    assert a.build(BIG, c) == b.build(BIG, c)
+    builds = [be.build(BIG, c).model_dump(exclude={"seconds"}) for be in (a, b)]
+    assert builds[0] == builds[1]  # all but the wall time the build took
     art = a.build(BIG, c).artifact
     ma, mb = a.measure(gpu(), BIG, [art]), b.measure(gpu(), BIG, [art])
     assert [m.model_dump(exclude={"start", "end"}) for m in ma] == [

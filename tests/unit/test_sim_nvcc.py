@@ -22,8 +22,10 @@ from croqq.settings import Settings
 pytestmark = [
     pytest.mark.nvcc,
     pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (CROQQ_SIM_COMPILE=nvcc)"),
+    pytest.mark.timeout(3600),
 ]
-SETTINGS = Settings(time_scale=0.0, sim_compile="nvcc")
+# a compile on a loaded 2-core host can take many times the product's 300 s default
+SETTINGS = Settings(time_scale=0.0, sim_compile="nvcc", compile_timeout_s=3600.0)
 TYPO = scripted().BROKEN[0][1]  # cp_async_wiat<
 
 

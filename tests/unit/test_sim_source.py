@@ -120,7 +120,8 @@ def test_comments_and_blank_lines_do_not_make_a_structural_edit() -> None:
 def test_a_structural_edit_gets_a_deterministic_fate() -> None:
     text = next(variant(i) for i in range(VARIANTS) if backend().build(BIG, source_cand(variant(i))).ok)
     a, b = backend(), backend()
-    assert a.build(BIG, source_cand(text)) == b.build(BIG, source_cand(text))
+    fates = [be.build(BIG, source_cand(text)).model_dump(exclude={"seconds"}) for be in (a, b)]
+    assert fates[0] == fates[1]  # all but the wall time the build took
     art = art_of(a, source_cand(text))
     assert art.factor != 1.0 or art.fault is not None
     if art.fault is None:
@@ -222,7 +223,7 @@ def files(ws: Path) -> set[str]:
 
 
 def run_agent(
-    ws: Path, misbehave: str = "", timeout: float = 60, **env: str
+    ws: Path, misbehave: str = "", timeout: float = 300, **env: str
 ) -> tuple[subprocess.CompletedProcess[bytes], set[str]]:
     before = files(ws)
     scrubbed = {"PATH": os.environ.get("PATH", ""), "CROQQ_SCRIPTED_MISBEHAVE": misbehave, **env}

@@ -77,6 +77,7 @@ def test_stored_files_are_content_addressed_and_read_back_to_the_same_candidate(
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (CUDA toolkit)")
+@pytest.mark.timeout(3600)  # one real compile: many minutes on a loaded 2-core host
 def test_a_stored_candidate_compiles_from_the_repo_alone(tmp_path: Path) -> None:
     cand = reference()
     kernel = f"{RUN}/shapes/{SHAPE.key}/srcs/iter000_baseline.cu"
@@ -88,7 +89,7 @@ def test_a_stored_candidate_compiles_from_the_repo_alone(tmp_path: Path) -> None
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -20,6 +20,7 @@ import redis
 from croqq.bench.samples import sample_requests, schedule_keys
 from croqq.delivery import keys
 from croqq.errors import RetryableError
+from croqq.processes.patience import Deadline
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.runtime import Runtime
 from croqq.settings import Settings
@@ -47,10 +48,11 @@ def remote_head(remote: Path) -> str:
     return done.stdout.strip()
 
 
-def wait_for(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
+def wait_for(check: Callable[[], bool], budget_s: float = 120.0) -> bool:
+    """Poll until ``check()`` holds (True) or ``budget_s`` unloaded seconds pass (False)."""
+    deadline = Deadline(budget_s)
     while not check():
-        if time.monotonic() > deadline:
+        if deadline.expired():
             return False
         time.sleep(0.02)
     return True
@@ -162,7 +164,7 @@ def _killed_writer(path: Path) -> Path:
     """Run a first writer that dies holding the branch's lock; returns the lock file."""
     child = multiprocessing.get_context("spawn").Process(target=_die_holding_the_ref_lock, args=(str(path),))
     child.start()
-    child.join(60)
+    child.join(300)
     assert child.exitcode == -signal.SIGKILL
     lock = path / ".git" / "refs" / "heads" / "main.lock"
     assert lock.exists()
@@ -216,29 +218,37 @@ def test_a_foreign_lock_is_left_in_place_and_named_in_the_log(
 # -- pushes -------------------------------------------------------------------------------------
 
 
-def _slow_remote(tmp_path: Path, sleep_s: float) -> tuple[Path, Path]:
-    """A bare remote whose pre-receive hook marks that a push started, then sleeps."""
-    remote, started = tmp_path / "remote.git", tmp_path / "push-started"
+def _held_remote(tmp_path: Path, held: bool) -> tuple[Path, Path, Path]:
+    """A bare remote whose pre-receive hook marks that a push started, then (``held``) waits until the
+    test creates the release file. Returns (remote, started, release)."""
+    remote, started, release = tmp_path / "remote.git", tmp_path / "push-started", tmp_path / "release"
     pygit2.init_repository(str(remote), bare=True)
+    if not held:
+        release.touch()
     hook = remote / "hooks" / "pre-receive"
-    hook.write_text(f'#!/bin/sh\ncat > /dev/null\ntouch "{started}"\nsleep {sleep_s}\n')
+    hook.write_text(
+        f'#!/bin/sh\ncat > /dev/null\ntouch "{started}"\nwhile [ ! -e "{release}" ]; do sleep 0.05; done\n'
+    )
     hook.chmod(0o755)
-    return remote, started
+    return remote, started, release
 
 
 def test_a_commit_returns_promptly_while_a_push_hangs_then_the_remote_gets_every_commit(
     tmp_path: Path,
 ) -> None:
-    remote, started = _slow_remote(tmp_path, sleep_s=2.0)
+    remote, started, release = _held_remote(tmp_path, held=True)
     repo = GitRepo(tmp_path / "results")
     pusher = Pusher(lambda: repo.push(str(remote)), every_s=0, name="slow").start()
     repo.after_commit = pusher.poke
-    repo.commit({"a.txt": b"0"}, "first")
-    assert wait_for(started.exists, 20)  # the push is in flight, inside the remote's 2 s hook
-    begun = time.monotonic()
-    for i in range(5):
-        repo.commit({"a.txt": b"%d" % (i + 1)}, f"c{i}")
-    assert time.monotonic() - begun < 1.0  # five commits while one push sleeps for 2 s
+    try:
+        repo.commit({"a.txt": b"0"}, "first")
+        assert wait_for(started.exists)  # the push is in flight, held inside the remote's hook
+        for i in range(5):
+            repo.commit({"a.txt": b"%d" % (i + 1)}, f"c{i}")
+        # five commits done while the push is still held: none of them waited for it
+        assert remote_head(remote) != repo.head()
+    finally:
+        release.touch()
     assert wait_for(lambda: remote_head(remote) == repo.head())
     pusher.close()
 
@@ -258,7 +268,7 @@ def test_a_failing_push_is_logged_and_retried_never_raised(
     repo.after_commit = pusher.poke
     with caplog.at_level(logging.WARNING, logger="croqq.store.push"):
         repo.commit({"a.txt": b"1"}, "one commit, no further pokes")
-        assert wait_for(lambda: len(attempts) >= 3, 10)
+        assert wait_for(lambda: len(attempts) >= 3)
     time.sleep(0.2)
     assert len(attempts) == 3  # done once a push succeeded
     assert sum("retrying later" in r.getMessage() for r in caplog.records) == 2
@@ -269,17 +279,17 @@ def test_close_pushes_what_is_pending(tmp_path: Path) -> None:
     pushed = threading.Event()
     pusher = Pusher(pushed.set, every_s=3600, name="later").start()
     pusher.poke()
-    assert wait_for(pushed.is_set, 5)
+    assert wait_for(pushed.is_set)
     pushed.clear()
     pusher.poke()  # not due for an hour
-    pusher.close()
+    pusher.close(wait_s=120)
     assert pushed.is_set()
 
 
 def test_the_writer_pushes_in_the_background_with_its_lease_token_on_record(
     tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    remote, _ = _slow_remote(tmp_path, sleep_s=0)
+    remote, _, _ = _held_remote(tmp_path, held=False)
     redis_client.set(keys.lease("writer"), SECOND)
     settings = Settings(
         broker_url=redis_server.url,

@@ -143,14 +143,14 @@ def test_a_reader_in_another_process_never_misses_a_commit(repo: GitRepo) -> Non
     ready, stop, errors = ctx.Event(), ctx.Event(), ctx.Queue()
     reader = ctx.Process(target=_read_until_stopped, args=(str(repo.path), ready, stop, errors))
     reader.start()
-    assert ready.wait(60)
+    assert ready.wait(300)
     try:
         for i in range(1000):  # new packs land within the same second as the reader's last pack scan,
             repo.commit({f"d/f{i}.txt": b"%d" % i}, f"c{i}")  # and merges delete packs it has listed
         repo.close()
     finally:
         stop.set()
-        reader.join(30)
+        reader.join(120)
     found = []
     while not errors.empty():
         found.append(errors.get())

@@ -13,6 +13,7 @@ import pytest
 
 from croqq.errors import ConfigError
 from croqq.processes import record
+from croqq.processes.patience import Deadline, wait_until
 
 
 def sleeper(group_child: bool = False) -> subprocess.Popen[bytes]:
@@ -20,8 +21,8 @@ def sleeper(group_child: bool = False) -> subprocess.Popen[bytes]:
     own in its group (a pool child)."""
     code = "import subprocess, time\n"
     if group_child:
-        code += "subprocess.Popen(['sleep', '60'])\n"
-    code += "time.sleep(60)\n"
+        code += "subprocess.Popen(['sleep', '3600'])\n"
+    code += "time.sleep(3600)\n"
     return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
 
 
@@ -38,19 +39,21 @@ def write_record(run_dir: Path, supervisor: record.Proc, children: list[record.P
     record.write(run_dir / record.RECORD_NAME, supervisor, children)
 
 
-def members_gone(p: record.Proc, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while record.group_members(p) and time.monotonic() < deadline:
+def members_gone(p: record.Proc, budget_s: float = 60.0) -> bool:
+    deadline = Deadline(budget_s)
+    while record.group_members(p) and not deadline.expired():
         time.sleep(0.05)
     return not record.group_members(p)
 
 
 def test_leftovers_of_a_dead_supervisor_are_stopped_and_named(tmp_path: Path) -> None:
     worker, redis = sleeper(group_child=True), sleeper()
-    time.sleep(0.3)  # the worker's own child has started
-    procs = [record.proc("coordinator", worker.pid), record.proc("redis", redis.pid, service=True)]
+    coordinator = record.proc("coordinator", worker.pid)
+    assert coordinator is not None
+    wait_until(lambda: len(record.group_members(coordinator)) == 2, 60, "the worker's own child to start")
+    procs = [coordinator, record.proc("redis", redis.pid, service=True)]
     children = [p for p in procs if p is not None]
-    assert len(record.group_members(children[0])) == 2
+    assert len(children) == 2 and len(record.group_members(children[0])) == 2
     write_record(tmp_path, dead_proc("croqq up"), children)
 
     claim = record.claim(tmp_path, grace_s=2.0)

@@ -27,7 +27,7 @@ def test_a_channel_reuses_one_client_per_pool_and_still_carries_messages(redis_s
             queue.put({"n": n})
         got = []
         for _ in range(3):
-            message = queue.get(timeout=5)
+            message = queue.get(timeout=60)
             got.append(message.payload["n"])
             message.ack()
         assert got == [0, 1, 2]
