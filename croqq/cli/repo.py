@@ -58,14 +58,12 @@ def clean(
     that is not complete (completed shapes are kept). Needs the writer lock: stop the writer first."""
     from croqq.store.clean import clean as do_clean
     from croqq.store.gitrepo import GitRepo
-    from croqq.store.layout import migrate
 
     settings = load_settings()
     path = _repo_path(repo)
     lease = _writer_lock(settings)
     try:
         git = GitRepo(path, settings.results_branch, settings.sync_worktree, create=False)
-        migrate(git)  # it holds the writer lock: the old layout moves first, as the writer would
         report = do_clean(git, _dsl_filter(dsl), invalid_only)
         git.close()
     finally:

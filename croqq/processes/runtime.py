@@ -178,7 +178,6 @@ class Runtime:
     @cached_property
     def writer(self) -> ResultsWriter:
         from croqq.store.gitrepo import GitRepo
-        from croqq.store.layout import migrate
         from croqq.store.writer import ResultsWriter
 
         s = self.settings
@@ -202,7 +201,6 @@ class Runtime:
             self.pusher = Pusher(lambda: repo.push(remote), s.push_every_s, remote).start()
             repo.after_commit = self.pusher.poke
             self.pusher.poke()  # commits made before a restart
-        migrate(repo)  # a repo of the layout before shapes/<key>/ moves once, before the first STORE
         writer = ResultsWriter(repo)
         writer.on_commit = lambda seconds: stats.record_commit(self.client, seconds)  # commit latency
         return writer

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 TUNING = "tuning"
 KERNELS = "kernels"
-LEGACY_FOLDERS = ("checkpoints", "logs", "memory", "srcs", "perf")  # the layout before shapes/
 
 
 def iter_name(iteration: int) -> str:
@@ -100,10 +99,6 @@ class RunPaths:
     def shape_files(self, key: str) -> list[str]:
         """Every file and folder that holds one shape's state (what `croqq clean` resets)."""
         return [self.shape_dir(key)]
-
-    def legacy_dirs(self) -> list[str]:
-        """The per-kind folders of the layout before ``shapes/`` (see :mod:`croqq.store.layout`)."""
-        return [f"{self.root}/{name}" for name in LEGACY_FOLDERS]
 
 
 def best_kernel(family: str, dtype: str, key: str, ext: str) -> str:

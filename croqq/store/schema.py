@@ -6,9 +6,9 @@ results.tsv columns are ``RESULTS_COLUMNS`` in that order, tab-separated, with a
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile, RejectionKind
 from croqq.domain.schedule import ScheduledShape
@@ -73,8 +73,8 @@ class Checkpoint(_Schema):
 
 
 class StateEntry(_Schema):
-    """One key of state.json: what changes at a KEEP or at a change of status, not every iteration (so a
-    commit rewrites this 268-line file only then; the iteration count is the checkpoint's)."""
+    """One key of state.json: what changes at a KEEP or at a change of status, not every iteration (so most
+    commits leave the file alone; the iteration count is the checkpoint's)."""
 
     status: Status
     best_iter: int = Field(ge=-1)
@@ -84,14 +84,6 @@ class StateEntry(_Schema):
     mode: str
     scenarios: list[str]
     region: str
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy(cls, data: Any) -> Any:
-        """An older state.json also keeps ``current_iter`` in each entry: it is read and dropped."""
-        if isinstance(data, dict) and "current_iter" in data:
-            data = {k: v for k, v in data.items() if k != "current_iter"}
-        return data
 
 
 def state_entry(ckpt: Checkpoint) -> StateEntry:

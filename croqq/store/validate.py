@@ -12,7 +12,8 @@ the last round's ``best_after``; state.json's entry agrees with the checkpoint; 
 checkpoint and vice versa; attempt records carry no iteration id; every path inside a record stays in
 the repo and the best kernel exists; no source ``#include`` is absolute or escapes the repo (resolved
 from the including file's folder) and every quoted one names a file of the repo (a stored kernel
-compiles from the repo alone); a complete shape has its best-kernel registry file. Outside runs:
+compiles from the repo alone); a complete shape has its best-kernel registry file; the run's folder holds
+nothing else (a results repo of an older layout is named, not misread). Outside runs:
 the registry files under ``kernels/<family>_<dtype>/`` are named for a key of that dtype and include
 nothing outside the repo.
 
@@ -32,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from croqq.domain.source import HEADERS_DIR
 from croqq.errors import ConfigError, InvalidRecordError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
-from croqq.store.layout import MIGRATE_HINT
 from croqq.store.load import list_runs, load_submissions, parse_json, parse_jsonl
 from croqq.store.render import parse_tsv
 from croqq.store.schema import (
@@ -55,6 +56,7 @@ T = TypeVar("T")
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]*)[>"]', re.MULTILINE)
 _MD_ITER = re.compile(r"^## iter(\d+)\b", re.MULTILINE)
 _KEY = re.compile(r"^([a-z0-9]+)_\d+x\d+x\d+$")
+FOREIGN_HINT = "a shape's files live in shapes/<key>/; an older layout is not supported, nor migrated"
 
 
 @dataclass(frozen=True)
@@ -165,17 +167,21 @@ class _RunCheck:
                 self.add(path, "not a shape's folder (shapes/<key>/)")
         return found
 
-    def legacy(self) -> None:
-        for folder in self.run.legacy_dirs():
-            if self.repo.exists(folder):
-                self.add(folder, f"a folder of the layout before shapes/; {MIGRATE_HINT}")
+    def foreign(self) -> None:
+        """Name what the run's folder holds besides the layout's files (an older layout's folders, say:
+        nothing reads them, so they must not pass for results)."""
+        run = self.run
+        known = {run.state_json, run.submissions, run.summary_md, run.shapes_dir, f"{run.root}/{HEADERS_DIR}"}
+        for path in (f"{run.root}/{name}" for name in self.repo.list_dir(run.root)):
+            if path not in known:
+                self.add(path, f"not part of the results layout ({FOREIGN_HINT})")
 
     def check(self) -> list[Problem]:
         state = self.state()
         entries = state.shapes if state else {}
         ckpts, ckpt_files = self.checkpoints()
         dirs = self.shape_dirs()
-        self.legacy()
+        self.foreign()
         for key in sorted(set(entries) | ckpt_files | set(dirs)):
             if entries.get(key) is None and key not in ckpt_files:
                 self.add(dirs[key], "files of a shape with neither checkpoint nor state entry", key)

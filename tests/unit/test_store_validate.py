@@ -10,7 +10,7 @@ import pytest
 from croqq.bench.samples import sample_requests
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
-from croqq.store.validate import Problem, validate_repo
+from croqq.store.validate import FOREIGN_HINT, Problem, validate_repo
 from croqq.store.writer import ResultsWriter
 
 GPU, DSL = "sm90_NVIDIA_H200", "cuda"
@@ -116,12 +116,22 @@ def test_state_json_changes_only_when_a_shape_keeps_or_changes_status(tmp_path: 
         before = after
 
 
-def test_a_state_json_of_an_older_repo_with_current_iter_still_reads_and_validates(repo: GitRepo) -> None:
+def test_a_state_entry_with_a_field_the_schema_does_not_know_is_named(repo: GitRepo) -> None:
     state = json.loads(text(repo, RUN.state_json))
-    for key, entry in state["shapes"].items():
-        entry["current_iter"] = json.loads(text(repo, RUN.checkpoint(key)))["current_iter"]
+    state["shapes"][KEY]["current_iter"] = 4
     edit(repo, {RUN.state_json: json.dumps(state).encode()})
-    assert problems(repo) == []
+    found = " ".join(problems(repo))
+    assert f"{RUN.state_json}: shapes.{KEY}.current_iter: Extra inputs are not permitted" in found
+
+
+def test_a_run_of_an_older_layout_is_named_folder_by_folder_not_misread(repo: GitRepo) -> None:
+    """Folders beside shapes/ (the per-kind folders of an older layout) are named, none passes silently."""
+    old = {f"{RUN.root}/checkpoints/{KEY}.json": b"{}\n", f"{RUN.root}/srcs/{KEY}/iter000_baseline.cu": b"\n"}
+    edit(repo, old)
+    assert problems(repo) == [
+        f"{RUN.root}/{name}: not part of the results layout ({FOREIGN_HINT})"
+        for name in ("checkpoints", "srcs")
+    ]
 
 
 def test_validate_names_absolute_include(repo: GitRepo) -> None:
