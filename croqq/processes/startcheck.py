@@ -1,13 +1,11 @@
 """The health check a GPU worker runs on its GPU after taking the lease and before it takes any work.
 
-Nothing may initialize CUDA or NVML in a GPU worker's main process (the prefork parent: its pool child
-forks from it), so the probe runs in a short-lived child interpreter, ``python -m
-croqq.processes.startcheck``: it reads the settings and the GPU's UUID from stdin (one JSON object, with
-the secrets that the settings' own JSON form masks written out: a pipe to our own child is no log), builds
-the probe from the settings, reads the GPU once, writes
-the problems it found as one JSON list of strings on stdout and exits 0. A check that fails, exits
-otherwise, writes anything else or does not answer within ``timeout_s`` counts as unhealthy: a probe that
-cannot see a GPU's state never calls it healthy.
+Nothing may initialize CUDA or NVML in a GPU worker's main process (the prefork parent its pool children
+fork from), so the probe runs in a short-lived child interpreter, ``python -m croqq.processes.startcheck``:
+it reads the settings and the GPU's UUID from stdin as one JSON object (secrets written out: a pipe to our
+own child is no log), reads the GPU once through the configured probe, writes the problems it found as one
+JSON list of strings on stdout and exits 0. Anything else, or no answer within ``timeout_s``, counts as
+unhealthy: a probe that cannot see a GPU's state never calls it healthy.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ line: best and baseline TFLOPS over the swept size, and cuBLAS where measured), 
 iteration of the chosen shapes), ``outcomes`` (the outcome mix per dtype), ``duty`` (GPU duty over time)
 and ``table`` (every shape, folded).
 
-Per-shape plots: a 268-shape repo would make a page of 268 plots that nobody scrolls through and that
-cost most of the drawing time, so only the shapes asked for with ``--key`` and the ``--top`` N with the
-highest speedup over their baseline are drawn; the folded table lists every shape's numbers.
+Per-shape plots are drawn only for the shapes asked for with ``--key`` and the ``--top`` N by speedup over
+their baseline: one plot per scheduled shape is a page nobody scrolls through, and drawing is where the
+time goes. The folded table lists every shape's numbers.
 """
 
 from __future__ import annotations

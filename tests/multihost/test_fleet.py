@@ -2,10 +2,10 @@
 (:mod:`croqq.chaos.fleet`). Each test boots a fresh fleet, submits a small sweep from the build host (which
 has no results repo), and checks what the fleet promises: every iteration stored exactly once, `git fsck`
 clean, measured on a GPU host, built on the build host, and no results repo anywhere but the writer's.
-The fault tests inject one fault each at the moment the issue names and check that the fleet finishes
-with nothing lost or stored twice. Recovery times are printed here and measured by
-``python -m croqq.bench --only hosts`` beside their targets: a test asserts that recovery happens (the
-scenario fails if no affected shape stores again), never how fast."""
+The fault tests inject one fault each at a chosen moment (most of them mid-step) and check that the fleet
+finishes with nothing lost or stored twice. Recovery times are printed here and measured by the hosts
+benchmark beside their targets: a test asserts that recovery happens (the scenario fails if no affected
+shape stores again), never how fast."""
 
 from __future__ import annotations
 

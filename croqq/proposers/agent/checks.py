@@ -1,50 +1,28 @@
 """Static checks on an agent's candidate source, run BEFORE anything is built.
 
 A candidate (``candidate.cu``, see :mod:`croqq.proposers.agent.contract`) may tune or rewrite the kernel
-but not the measurement. These checks refuse, with one line per finding saying what to fix:
+but not the measurement. Each finding is one line saying what to fix; the rules:
 
-``absolute-include`` / ``escaping-include``
-    an ``#include`` of an absolute path or one with a ``..`` component (quoted or angle).
-``unknown-include``
-    a quoted include that is not a header of the manifest's include folders (``include/<name>``, the
-    workspace's read-only copies, means ``<name>``), or an include croqq cannot check (``#include MACRO``,
-    ``#include_next``, ``#import``). Angle includes of toolchain headers are allowed.
-``host-timing``
-    any clock read or timing: ``cudaEvent*``, ``std::chrono``, ``clock()``, ``clock64()`` (device-side
-    too: no clock reads at all), ``clock_gettime``, ``gettimeofday``, ``time()``, ``timespec_get``,
-    ``rdtsc``, ``QueryPerformanceCounter``, and ``%globaltimer`` / ``%clock`` in inline PTX.
-``harness-call``
-    anything of the timing harness: ``croqq::harness``, ``harness::``, ``main_impl``, ``croqq_fill_*``,
-    ``croqq_compare``, ``CROQQ_CHECK``, ``fail_cuda``.
-``main``
-    defining ``main`` (harness.cuh provides it) or ``CROQQ_NO_MAIN``.
-``reference-read``
-    the verification reference: ``croqq_reference_gemm``, ``cublas*`` (the vendor library the harness
-    verifies against), ``dlopen`` / ``dlsym``.
-``device-reset``
-    ``cudaDeviceReset``, ``cudaSetDevice*`` and the driver's context calls.
-``foreign-memory``
-    "no writes through pointers the harness did not pass", approximated: no allocation or copies of its
-    own (``cudaMalloc*``, ``cudaFree*``, ``cudaMemcpy*`` (``ToSymbol`` too), ``cudaHostAlloc``,
-    ``cudaGetSymbolAddress``, ``cuMem*``, ``malloc``/``calloc``/``realloc``/``free``, ``new``, ``mmap``),
-    no ``__managed__`` variables, no writable ``__device__`` variables (``__constant__``, ``__shared__`` and
-    ``constexpr`` ones are fine; ``__device__`` functions of course), and no integer-to-pointer casts
-    (``reinterpret_cast<T*>(0x1000)``, ``(T*)12345``).
-    Relaxed for the kernel family: ``cudaMemset*`` is allowed when its first argument is a field
-    ``<x>.workspace`` / ``<x>.c`` (or ``->``) of the launch's operands, because the reference kernel's
-    split-K path (``SPLIT_K > 1``) zeroes the fp32 workspace the harness passes with ``cudaMemsetAsync``.
+- ``absolute-include``, ``escaping-include``, ``unknown-include``: only the manifest's headers by plain
+  name (``include/<name>`` means ``<name>``) and toolchain headers in angle brackets; nothing croqq cannot
+  resolve (``#include MACRO``, ``#include_next``, ``#import``).
+- ``host-timing``: no clock read or timing of any kind, host or device, inline PTX included.
+- ``harness-call``, ``main``: nothing of the timing harness, no ``main`` (harness.cuh provides it).
+- ``reference-read``: not the verification reference or the vendor library it verifies against.
+- ``device-reset``: no device or context control.
+- ``foreign-memory``: no allocations, copies, managed or writable global variables, or integer-to-pointer
+  casts: it writes only through the pointers the harness passes. ``cudaMemset*`` on the launch's
+  ``workspace``/``c`` operands is allowed, because the reference kernel's split-K path zeroes its
+  workspace that way.
 
-The rules see the source with comments removed and string literals emptied (a comment mentioning
-``cudaEventRecord`` or a string ``"clock()"`` is no finding), except the inline-PTX ones (which live in
-strings) and the include rules (which need the path); line numbers are those of the raw text. Only the
-candidate's own text is checked: the headers it includes are croqq's.
+The rules see the source with comments removed and string literals emptied (except the inline-PTX and
+include rules, which need them); line numbers are those of the raw text. Only the candidate's own text is
+checked: the headers it includes are croqq's. :func:`check_size` and :func:`check_bytes` (rules ``size``
+and ``encoding``) run first, so an over-size source is refused before it is read.
 
-This is a static approximation, easy to dodge with enough macro work; the run-time line of defence is
-the harness itself: verification against a reference on fresh seeds, the output poisoned before every
-run, inputs rotated over twice the L2, timings above the peak refused.
-
-:func:`check_size` and :func:`check_bytes` come first (the ``size`` and ``encoding`` rules, raised as
-:class:`CheckFailed`): over-size sources are refused before they are read or decoded.
+This is a static approximation, easy to dodge with enough macro work; the harness is the run-time
+defence: verification on fresh seeds, output poisoned before every run, inputs rotated over twice the L2,
+timings above the peak refused.
 """
 
 from __future__ import annotations
