@@ -39,9 +39,8 @@ source, and the sim measures it by what is in it:
   most loss to, with ncu-like metrics of the scaled prediction; **vendor_tflops** is a cuBLAS-like 85-95%
   of the optimum.
 
-Driven by the search proposer through the FSM (30 iterations from the reference seed, all 268 scheduled
-shapes) the outcome mix is ~9.4% KEEP, ~82% DISCARD, ~6.7% compile failures and ~1.7% runtime failures
-of proposals, as in LLM-driven tuning logs; ``tests/unit/test_sim_outcome_rates.py`` holds it there.
+Driven through the FSM by a proposer whose resource check, like an LLM's, misses some over-budget ideas,
+the outcome mix is that of LLM-driven tuning logs; ``tests/unit/test_sim_outcome_rates.py`` holds it there.
 Structural edits are covered by ``tests/unit/test_sim_source.py`` (and, with nvcc, ``test_sim_nvcc.py``).
 
 Nothing uses global random state: every draw comes from a hash or a ``random.Random`` seeded by one. The
