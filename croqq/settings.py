@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from croqq.errors import ConfigError
+from croqq.processes import patience
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -216,6 +217,7 @@ class Settings(BaseSettings):
             raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
         if self.proposer != "agent":
             _refuse_an_unused_agent(self)
+        patience.scale()  # CROQQ_PATIENCE is read where croqq waits; refused here before anything starts
         for name in ("flower_basic_auth", "exporter_basic_auth"):
             secret = getattr(self, name)
             if secret is not None:

@@ -92,7 +92,8 @@ def test_kombu_builds_a_client_per_call_through_create_client() -> None:
 
     assert isinstance(_transport_cache, dict)
     assert "asynchronous" in Channel._create_client.__code__.co_varnames, (
-        "kombu's Channel._create_client lost its `asynchronous` argument: re-check croqq/delivery/transport.py"
+        "kombu's Channel._create_client lost its `asynchronous` argument: "
+        "re-check croqq/delivery/transport.py"
     )
 
 
