@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from croqq.errors import ConfigError
+from croqq.processes import patience
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -214,6 +215,9 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if self.proposer == "agent" and self.agent == "command" and not self.agent_command.strip():
             raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
+        if self.proposer != "agent":
+            _refuse_an_unused_agent(self)
+        patience.scale()  # CROQQ_PATIENCE is read where croqq waits; refused here before anything starts
         for name in ("flower_basic_auth", "exporter_basic_auth"):
             secret = getattr(self, name)
             if secret is not None:
@@ -241,6 +245,25 @@ class Settings(BaseSettings):
         if self.broker_url:
             return self.broker_url
         return f"unix://{(self.run_dir / 'redis' / 'redis.sock').resolve()}"
+
+
+def _refuse_an_unused_agent(s: Settings) -> None:
+    """An agent named while another proposer is selected would never run: refuse it rather than drop it.
+    ``CROQQ_AGENT=scripted`` (the default) names no choice: deploy templates set it beside any proposer."""
+    named = []
+    if s.agent != Settings.model_fields["agent"].default:
+        named.append(f"CROQQ_AGENT={s.agent}")
+    if s.agent_command.strip():
+        named.append("CROQQ_AGENT_COMMAND")
+    if not named:
+        return
+    use = "CROQQ_PROPOSER=agent" + (
+        " CROQQ_AGENT=command" if s.agent != "command" and s.agent_command.strip() else ""
+    )
+    raise ConfigError(
+        f"{' and '.join(named)} set while CROQQ_PROPOSER={s.proposer}, which never calls an agent: "
+        f"set {use} to use it, or unset {' and '.join(n.split('=')[0] for n in named)}"
+    )
 
 
 def _check_replay(s: Settings) -> None:

@@ -18,7 +18,8 @@ module adds what a real backend's caller sees, judging a candidate source by wha
 - **profile** reports the bottleneck the model attributes the most loss to; **vendor_tflops** is a
   cuBLAS-like fraction of the optimum.
 
-The outcome mix this gives under the search proposer is held by ``tests/unit/test_sim_outcome_rates.py``.
+Under a proposer whose resource check, like an LLM's, misses some over-budget ideas, the outcome mix is
+that of LLM-driven tuning logs; ``tests/unit/test_sim_outcome_rates.py`` holds it there.
 Nothing uses global random state, and the per-candidate measure counter lives in the backend object, so a
 restarted worker replays the same sequence.
 """

@@ -137,7 +137,7 @@ def _drive(cluster: LocalCluster, cfg: StressConfig, result: StressResult, subs:
     pending = list(result.schedule)
     active: list[tuple[Injected, Deadline]] = []
     deadline = Deadline(cfg.timeout_s)
-    next_check = time.monotonic() + CHECKPOINT_EVERY_S
+    next_check = time.monotonic() + CHECKPOINT_EVERY_S  # a cadence, not a deadline: wall seconds
     while not deadline.expired():
         cluster.poll()
         active = [(shot, late) for shot, late in active if not _settle(injector, shot, late)]

@@ -166,6 +166,7 @@ def refuse_claimed_gpus(settings: Settings, uuids: list[str]) -> None:
     from croqq.errors import LeaseHeldError
 
     client = connect(settings)
+    # wall seconds, not stretched by load: a dead holder's lease ends on Redis's clock, whatever the load
     deadline = time.monotonic() + 1.5 * settings.lease_ttl_s
     while True:
         held = {u: text(client.get(keys.lease(f"gpu:{u}"))) for u in uuids}

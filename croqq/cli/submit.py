@@ -129,10 +129,9 @@ def _wait_reconciled(settings: Settings) -> None:
     """After a Redis restart, restore or flush, wait (while a writer runs) until the writer has registered
     again what the results repo holds: only the writer has the repo, so a shape Redis forgot would
     otherwise be registered as new (the writer would still adopt its stored iterations, later)."""
-    import time
-
     from croqq.delivery import keys
     from croqq.delivery.redis_client import connect
+    from croqq.processes.patience import wait_until
     from croqq.work.housekeeping import ask_writer_to_reconcile
     from croqq.work.reconcile import redis_forgot
 
@@ -140,17 +139,14 @@ def _wait_reconciled(settings: Settings) -> None:
     if not redis_forgot(client) or not client.exists(keys.lease("writer")):
         return
     ask_writer_to_reconcile()
-    deadline = time.monotonic() + RECONCILE_WAIT_S
-    while redis_forgot(client):
-        if time.monotonic() > deadline:
-            typer.echo(
-                "note: the writer has not reconciled Redis with the results repo within "
-                f"{RECONCILE_WAIT_S:.0f}s; shapes Redis forgot are registered as new until it does, "
-                "then take their stored iterations",
-                err=True,
-            )
-            return
-        time.sleep(0.2)
+    try:
+        wait_until(lambda: not redis_forgot(client), RECONCILE_WAIT_S, "the writer's reconcile", every_s=0.2)
+    except TimeoutError as exc:
+        typer.echo(
+            f"note: {exc}; shapes Redis forgot are registered as new until it reconciles Redis with the "
+            "results repo, then take their stored iterations",
+            err=True,
+        )
 
 
 def register(

@@ -1,9 +1,9 @@
 """kombu's Redis transport with one ``redis.Redis`` per connection pool.
 
-kombu's Redis channel builds a new ``redis.Redis`` for every command it sends outside its event loop
-(each publish, ack and task event): a build fills ~170 response callbacks, about 1 ms of CPU, 9-14% of
-the writer's. A client holds no connection of its own (each command borrows one from the pool), so one
-client per pool serves every caller, threads included. ``install()`` makes it the transport of the
+kombu's Redis channel builds a new ``redis.Redis`` (and fills its response callbacks) for every command
+it sends outside its event loop: each publish, ack and task event. A client holds no connection of its
+own (each command borrows one from the pool), so one client per pool serves every caller, threads
+included. ``install()`` makes it the transport of the
 ``redis``, ``rediss`` and ``redis+socket`` URLs in this process (kombu picks the transport from the
 URL's scheme, ``redis`` for all three, so an explicit transport setting would not reach socket URLs).
 """
@@ -16,6 +16,14 @@ from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 
 ALIASES = ("redis", "rediss")
+# kombu internals this module relies on, checked on kombu >= 5.7, < 5.8 (tests/unit/test_third_party_pins.py)
+KOMBU_CHECKED = ("5.7", "5.8")
+KOMBU_INTERNALS = (
+    "kombu.transport:_transport_cache",
+    "kombu.transport:TRANSPORT_ALIASES",
+    "kombu.transport.redis:Channel._create_client",
+    "kombu.transport.redis:Channel.pool",
+)
 
 
 class Channel(kombu_redis.Channel):

@@ -38,6 +38,15 @@ GPU_STATES = (HEALTHY, QUARANTINED, OFFLINE)
 SHAPE_STATUSES = ("pending", "active", "done", "error")
 DECISIONS = ("KEEP", "DISCARD", "FAIL", "BASELINE")
 ATTEMPT_REASONS = tuple(r for kinds in get_args(AttemptKind) for r in get_args(kinds))  # compile, agent, ...
+# kombu's Redis key layout read here (a queue's list per priority step, the unacked hash), checked on
+# kombu >= 5.7, < 5.8 (tests/unit/test_third_party_pins.py)
+KOMBU_CHECKED = ("5.7", "5.8")
+KOMBU_INTERNALS = (
+    "kombu.transport.redis:PRIORITY_STEPS",
+    "kombu.transport.redis:Channel.sep",
+    "kombu.transport.redis:Channel.unacked_key",
+    "kombu.transport.redis:Channel._q_for_pri",
+)
 EVENT_COUNTERS = {  # croqq:stats field -> metric (without _total), help
     "lease_expired": ("croqq_lease_expiries", "Running steps whose lease expired and beat reclaimed."),
     "redispatch": ("croqq_redispatches", "Steps put back in their queue with a new epoch."),

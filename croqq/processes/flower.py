@@ -25,6 +25,11 @@ from croqq.errors import ConfigError
 from croqq.processes.webauth import Logins, local_url
 from croqq.settings import Settings
 
+# Flower internals this module relies on (its /metrics handler class, wrapped with tornado's login check),
+# checked on flower >= 2.2, < 2.3 (tests/unit/test_third_party_pins.py)
+FLOWER_CHECKED = ("2.2", "2.3")
+FLOWER_INTERNALS = ("flower.views.monitor:Metrics.get", "flower.views:BaseHandler.get_current_user")
+
 
 def flower_argv(
     settings: Settings, port: int, address: str, logins: Logins, read_only: bool = False

@@ -1,9 +1,9 @@
 """Waits that stretch with the machine's load: a deadline that fails only when the event never comes.
 
 A budget is counted in *unloaded* seconds. Each poll charges the wall time since the last one divided by
-the machine's slowness (the 1-minute load average per CPU, at least 1), so a 60 s budget lasts 60 s on an
-idle machine and about 5 minutes on a 2-core machine running ten busy processes. ``CROQQ_PATIENCE``
-multiplies every budget (a shared CI host may set it; default 1).
+the machine's slowness (the 1-minute load average per CPU, at least 1), so a budget lasts longer on a
+machine busier than its CPUs can serve. ``CROQQ_PATIENCE`` multiplies every budget (a shared CI host may
+set it; default 1); a value that is not a positive number is refused, never ignored.
 
 Used where croqq waits for its own processes (``croqq up`` waiting for its GPU workers, the stress and
 multi-host harnesses, the tests): how long recovery or start-up takes is a benchmark figure, never a
@@ -12,12 +12,16 @@ reason to fail.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from croqq.errors import ConfigError
+
 T = TypeVar("T")
+LOAD_EVERY_S = 1.0  # a deadline reads the load average at most this often
 
 
 def slowness() -> float:
@@ -30,27 +34,36 @@ def slowness() -> float:
 
 
 def scale() -> float:
-    """``CROQQ_PATIENCE``: a factor on every budget (default 1)."""
-    raw = os.environ.get("CROQQ_PATIENCE", "")
-    try:
-        value = float(raw) if raw else 1.0
-    except ValueError:
+    """``CROQQ_PATIENCE``: a factor on every budget (default 1); ConfigError unless a positive number."""
+    raw = os.environ.get("CROQQ_PATIENCE", "").strip()
+    if not raw:
         return 1.0
-    return value if value > 0 else 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise ConfigError(
+            f"CROQQ_PATIENCE={raw!r} is not a positive number: use a factor such as 2, or unset it"
+        )
+    return value
 
 
 class Deadline:
     """``budget_s`` unloaded seconds from now; ``expired()`` polls (charging the time since the last poll
-    at the slowness of now)."""
+    at the slowness of now, read at most every :data:`LOAD_EVERY_S`)."""
 
     def __init__(self, budget_s: float) -> None:
         self.budget_s = budget_s * scale()
         self.started = self._last = time.monotonic()
         self._spent = 0.0
+        self._slowness, self._read_at = 1.0, -math.inf
 
     def expired(self) -> bool:
         now = time.monotonic()
-        self._spent += (now - self._last) / slowness()
+        if now - self._read_at >= LOAD_EVERY_S:
+            self._slowness, self._read_at = slowness(), now
+        self._spent += (now - self._last) / self._slowness
         self._last = now
         return self._spent > self.budget_s
 

@@ -123,6 +123,7 @@ def stop_leftovers(record: Record, grace_s: float = STOP_GRACE_S) -> list[Proc]:
     left = [p for p in record.children if group_members(p)]
     for wave in ([p for p in left if not p.service], [p for p in left if p.service]):
         _signal_groups(wave, signal.SIGTERM)
+        # wall seconds, not stretched by load: a stop grace is a promise to the operator (systemd, docker)
         deadline = time.monotonic() + grace_s
         while any(group_members(p) for p in wave) and time.monotonic() < deadline:
             time.sleep(0.1)

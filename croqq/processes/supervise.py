@@ -238,6 +238,7 @@ class Supervisor:
             group = [c for c in self.children.values() if c.service == wave]
             for child in group:
                 self.signal(child.name, signal.SIGTERM)
+            # wall seconds, not stretched by load: the service manager's own stop timeout counts wall seconds
             deadline = time.monotonic() + grace_s
             for child in group:
                 if child.popen is None:

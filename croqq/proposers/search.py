@@ -9,9 +9,8 @@
 - **radical** (10+): a restart from a coherent configuration (tile, warps sized for ~64x64 warp tiles,
   any stages, swizzle, split-K) or four to five knobs moved up to two steps at once.
 
-Like an engineer (or an LLM agent) it does a back-of-envelope resource check (shared memory, accumulator
-registers, MMA fragment width, split-K slice) that catches most, not all, over-budget ideas: the rest
-reach the compiler and fail there, which is part of the realistic outcome mix.
+Like an engineer it does a back-of-envelope resource check (shared memory, accumulator registers, MMA
+fragment width, split-K slice) on every idea, and never proposes one the check catches.
 
 An idea whose content hash is in ``ctx.tried`` is never returned; when a strategy finds nothing new
 it widens to the next one. The draw is seeded by (shape key, iteration, number of hashes tried), so the
@@ -38,7 +37,6 @@ RADICAL_MIN_CHANGES = 3
 SMEM_BUDGET_BYTES = 227 * 1024  # sm90's per-block shared memory: the back-of-envelope check
 MIN_WARP_TILE_N = 32  # one MMA fragment
 MAX_ACC_REGS = 256  # fp32 accumulator registers per thread
-CHECK_RATE = 0.77  # how often the envelope check catches an over-budget idea before it is proposed
 PREFERRED = 2.0
 HELPFUL = 1.5
 # bottleneck -> {knob: helpful direction (+1 up, -1 down, 0 either)}
@@ -161,12 +159,17 @@ class SearchProposer(Proposer):
         summary: str,
         tag: str,
     ) -> Idea | None:
-        """The idea, unless it was tried or the envelope check catches it (which it does not always)."""
-        dtype = self.manifest.dtypes.get(ctx.shape.dtype)
-        if dtype is not None and over_budget(knobs, dtype.a_bytes, ctx.shape.k) and rng.random() < CHECK_RATE:
+        """The idea, unless it was tried or the envelope check catches it."""
+        if self.caught(ctx, knobs, rng):
             return None
         idea = self.make_idea(ctx, knobs, summary, tag)
         return None if idea.content_hash in tried else idea
+
+    def caught(self, ctx: ProposeContext, knobs: dict[str, int], rng: random.Random) -> bool:
+        """True when the envelope check drops ``knobs`` before they are proposed. ``rng`` is the idea's
+        seeded draw, for a subclass that imitates a less careful proposer (the simulator's tests)."""
+        dtype = self.manifest.dtypes.get(ctx.shape.dtype)
+        return dtype is not None and over_budget(knobs, dtype.a_bytes, ctx.shape.k)
 
     # -- refine: one knob, one step ---------------------------------------------------------------
 

@@ -167,7 +167,9 @@ def test_opencode_env_has_provider_keys_and_its_config() -> None:
 def test_preset_for_command_splits_like_a_shell_and_substitutes_only_present_placeholders() -> None:
     preset = preset_for(
         Settings(
-            agent="command", agent_command="""my-agent --dir {workspace} --note 'a b' "x y" '{"k": 1}'"""
+            proposer="agent",
+            agent="command",
+            agent_command="""my-agent --dir {workspace} --note 'a b' "x y" '{"k": 1}'""",
         )
     )
     assert preset.name == "command" and preset.output == "text" and preset.env == ()
@@ -183,33 +185,37 @@ def test_preset_for_command_splits_like_a_shell_and_substitutes_only_present_pla
 
 
 def test_preset_for_command_optional_group() -> None:
-    preset = preset_for(Settings(agent="command", agent_command="bot '[--model {model}]' {prompt_file}"))
+    preset = preset_for(
+        Settings(proposer="agent", agent="command", agent_command="bot '[--model {model}]' {prompt_file}")
+    )
     assert preset.command(PROMPT, WS, "m1", PROMPT_FILE) == ["bot", "--model", "m1", str(PROMPT_FILE)]
     assert preset.command(PROMPT, WS, "", PROMPT_FILE) == ["bot", str(PROMPT_FILE)]
 
 
 def test_preset_for_adds_agent_env_names_once() -> None:
-    preset = preset_for(Settings(agent="claude", agent_env=" HTTPS_PROXY, ANTHROPIC_API_KEY,,MY_KEY "))
+    preset = preset_for(
+        Settings(proposer="agent", agent="claude", agent_env=" HTTPS_PROXY, ANTHROPIC_API_KEY,,MY_KEY ")
+    )
     assert preset.env == ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "HTTPS_PROXY", "MY_KEY")
     assert PRESETS["claude"].env == ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN")  # table untouched
 
 
 def test_preset_for_scripted_and_a_cli() -> None:
-    assert preset_for(Settings(agent="scripted")) == PRESETS["scripted"]
-    assert preset_for(Settings(agent="gemini")).argv == PRESETS["gemini"].argv
+    assert preset_for(Settings(proposer="agent", agent="scripted")) == PRESETS["scripted"]
+    assert preset_for(Settings(proposer="agent", agent="gemini")).argv == PRESETS["gemini"].argv
 
 
 @pytest.mark.parametrize("cmd", ["", "   ", "agent 'unclosed", 'agent "half'])
 def test_preset_for_bad_command_is_a_config_error(cmd: str) -> None:
     with pytest.raises(ConfigError) as info:
-        preset_for(Settings(agent="command", agent_command=cmd))
+        preset_for(Settings(proposer="agent", agent="command", agent_command=cmd))
     message = str(info.value)
     assert "CROQQ_AGENT_COMMAND" in message and "\n" not in message and len(message) <= 300
 
 
 def test_preset_for_bad_env_name_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="CROQQ_AGENT_ENV"):
-        preset_for(Settings(agent="claude", agent_env="GOOD,BAD-NAME"))
+        preset_for(Settings(proposer="agent", agent="claude", agent_env="GOOD,BAD-NAME"))
 
 
 # -- parsing recorded outputs ---------------------------------------------------------------------------
@@ -382,7 +388,7 @@ def test_aider_token_suffixes_and_no_tokens_line() -> None:
 
 @pytest.mark.parametrize("name", ["scripted", "command"])
 def test_text_presets_ok_iff_exit_0(name: str) -> None:
-    preset = PRESETS.get(name) or preset_for(Settings(agent="command", agent_command="bot"))
+    preset = PRESETS.get(name) or preset_for(Settings(proposer="agent", agent="command", agent_command="bot"))
     assert preset.parse(run("anything at all")) == AgentReport(ok=True, error="")
     failed = preset.parse(run("out\nlast out line\n", exit_code=3))
     assert failed == AgentReport(ok=False, error=f"{name} exited 3: last out line")

@@ -43,8 +43,15 @@ def test_discover_without_a_driver_says_so_in_one_line() -> None:
     probe.close()
 
 
-def test_constructing_and_closing_a_probe_never_touches_the_driver() -> None:
+def test_constructing_and_closing_a_probe_never_touches_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    for name in dir(pynvml):
+        if name.startswith("nvml") and callable(getattr(pynvml, name)):
+            monkeypatch.setattr(pynvml, name, lambda *_, name=name: calls.append(name))
     NvmlProbe().close()
+    assert calls == []
+    nvml_available()  # the recorder sees a call that does reach the driver
+    assert calls[0] == "nvmlInit"
 
 
 def test_missing_bindings_give_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:

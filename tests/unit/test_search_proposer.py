@@ -1,5 +1,6 @@
 """The search proposer moves from the best like an engineer: one knob while refining, several when
-escalating, far when radical; it never repeats an idea and the same context gives the same idea."""
+escalating, far when radical; it never repeats an idea, never proposes one its resource check catches, and
+the same context gives the same idea."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.records import Strategy
 from croqq.domain.shapes import Shape, parse_key
 from croqq.proposers._base import ProposeContext
-from croqq.proposers.search import GUIDANCE, SearchProposer
+from croqq.proposers.search import GUIDANCE, SearchProposer, over_budget
 from croqq.settings import PROJECT_ROOT, Settings
 
 SHAPE = parse_key("f16_4096x8192x8192")
@@ -166,3 +167,13 @@ def test_every_idea_is_a_valid_candidate_for_the_shape() -> None:
                 knob_candidate(manifest(), Settings(), "cuda", shape, idea.knobs).content_hash
                 == idea.content_hash
             )
+
+
+def test_never_proposes_an_idea_over_the_resource_budget() -> None:
+    strategies: tuple[Strategy, ...] = ("refine", "escalate", "radical")
+    for shape in (SHAPE, parse_key("e4m3_4096x4096x128")):
+        a_bytes = manifest().dtypes[shape.dtype].a_bytes
+        for strategy in strategies:
+            for i in range(40):
+                idea = proposer().propose(context(strategy, iteration=i, shape=shape))
+                assert not over_budget(idea.knobs, a_bytes, shape.k), (strategy, idea.knobs)

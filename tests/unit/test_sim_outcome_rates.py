@@ -1,6 +1,6 @@
-"""The simulated GPU, driven by the search proposer through the real pure FSM, reproduces the outcome
-mix of LLM-driven tuning logs: 8-10% KEEP, 80-83% DISCARD, 6-7% compile failures, ~1.5% runtime failures
-(all as shares of proposals).
+"""The simulated GPU, driven through the real pure FSM by the search proposer with an LLM's sloppier
+resource check (:class:`LlmLikeSearch`), reproduces the outcome mix of LLM-driven tuning logs: 8-10% KEEP,
+80-83% DISCARD, 6-7% compile failures, ~1.5% runtime failures (all as shares of proposals).
 
 The driver below maps each FSM phase to the backend or proposer call a coordinator would dispatch, in
 process and with ``time_scale=0``. The campaign is the whole two-dtype schedule (268 shapes x 30
@@ -10,6 +10,7 @@ failures, ~1.7 on DISCARD) as wide as the bands themselves, so it would test the
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
@@ -47,6 +48,15 @@ from croqq.settings import PROJECT_ROOT, Settings
 
 GPU_TYPE = "sm90_Simulated_H100_SXM"
 ITERATIONS = 30
+CATCH_RATE = 0.77  # how often an LLM's envelope check catches an over-budget idea before proposing it
+
+
+class LlmLikeSearch(SearchProposer):
+    """The search proposer as an LLM agent behaves: its resource check misses some over-budget ideas,
+    which then reach the compiler and fail there."""
+
+    def caught(self, ctx: ProposeContext, knobs: dict[str, int], rng: random.Random) -> bool:
+        return super().caught(ctx, knobs, rng) and rng.random() < CATCH_RATE
 
 
 class StubProbe(GpuProbe):
@@ -185,7 +195,7 @@ def scheduled_shapes() -> list[Shape]:
 def run_campaign(shapes: list[Shape]) -> list[Tally]:
     settings = Settings(time_scale=0.0)
     backend = SimBackend(manifest(), settings)
-    proposer = SearchProposer(manifest(), settings)
+    proposer = LlmLikeSearch(manifest(), settings)
     gpu = GpuContext(uuid="GPU-stub-0", index=0, gpu_type=GPU_TYPE, probe=StubProbe())
     return [Driver(backend, proposer, gpu, shape).run() for shape in shapes]
 

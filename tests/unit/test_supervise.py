@@ -7,11 +7,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from croqq.processes.patience import Deadline, wait_until
+from croqq.processes.patience import wait_until
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.supervise import EXIT_CONFIG, Child, Supervisor
 
@@ -25,21 +24,25 @@ def test_a_crashed_child_is_restarted_a_refused_one_is_not(tmp_path: Path) -> No
     sup.start_all()
     try:
         # until the crash was restarted and the refusal seen (once seen, it is never restarted)
-        restarted = poll_until(sup, lambda r: "crash" in r and bool(refused.history))
+        restarted = poll_until(
+            sup, lambda r: "crash" in r and bool(refused.history), "the crash restarted, the refusal seen"
+        )
         assert "crash" in restarted and "refused" not in restarted
         assert refused.history == [EXIT_CONFIG] and not refused.restart
     finally:
         sup.stop(grace_s=60.0)
 
 
-def poll_until(sup: Supervisor, done: Callable[[list[str]], bool], timeout_s: float = 120.0) -> list[str]:
-    """Poll the supervisor until ``done(restarted so far)`` holds or ``timeout_s`` unloaded seconds pass;
-    returns the names restarted."""
+def poll_until(sup: Supervisor, done: Callable[[list[str]], bool], what: str) -> list[str]:
+    """Poll the supervisor until ``done(restarted so far)`` holds (TimeoutError naming ``what`` if it never
+    does); returns the names restarted."""
     restarted: list[str] = []
-    deadline = Deadline(timeout_s)
-    while not done(restarted) and not deadline.expired():
-        time.sleep(0.1)
-        restarted += sup.poll()
+
+    def polled() -> bool:
+        restarted.extend(sup.poll())
+        return done(restarted)
+
+    wait_until(polled, 120, what)
     return restarted
 
 
@@ -51,7 +54,7 @@ def test_an_exit_2_during_a_service_outage_is_a_crash_not_a_refusal(tmp_path: Pa
     sup.start_all()
     try:
         assert sup.signal("svc", signal.SIGKILL) is not None  # the outage, while needy runs
-        restarted = poll_until(sup, lambda r: not needy.restart)
+        restarted = poll_until(sup, lambda r: not needy.restart, "needy refused once svc is back")
         assert restarted.count("svc") == 1 and restarted.count("needy") == 1
         assert needy.history == [EXIT_CONFIG, EXIT_CONFIG]  # refused only once the service was back
     finally:
@@ -69,7 +72,7 @@ def test_a_supervised_redis_comes_back_with_its_data_on_the_same_socket(short_tm
         client = server.client()
         client.set("croqq:test:durable", "yes")
         pid = sup.signal("redis", signal.SIGKILL)
-        assert poll_until(sup, lambda r: "redis" in r) == ["redis"]
+        assert poll_until(sup, lambda r: "redis" in r, "redis restarted") == ["redis"]
         assert sup.children["redis"].pid != pid and server.client().get("croqq:test:durable") == "yes"
     finally:
         sup.stop(grace_s=60.0)

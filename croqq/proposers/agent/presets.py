@@ -5,7 +5,7 @@ variables handed through (API keys; nothing else of croqq's environment), the kn
 name of the output format. All presets live in one table, :data:`PRESETS`; :func:`preset_for` picks one
 from the settings (and builds ``command`` from ``CROQQ_AGENT_COMMAND``). Each row is written as the
 command line in the CLI's docs and split like a shell, once, at import; the flags are each CLI's
-non-interactive, edit-in-the-workdir, no-shell mode (``shared/reference/agent-clis.md``).
+non-interactive, edit-in-the-workdir, no-shell mode (listed in ``kernels/AGENTS.md``, "Presets").
 
 argv template (the arguments after the executable; never run through a shell):
 
