@@ -133,13 +133,14 @@ def _wait_reconciled(settings: Settings) -> None:
 
     from croqq.delivery import keys
     from croqq.delivery.redis_client import connect
+    from croqq.processes.runtime import get_runtime
     from croqq.work.housekeeping import ask_writer_to_reconcile
     from croqq.work.reconcile import redis_forgot
 
     client = connect(settings)
     if not redis_forgot(client) or not client.exists(keys.lease("writer")):
         return
-    ask_writer_to_reconcile()
+    ask_writer_to_reconcile(get_runtime())
     deadline = time.monotonic() + RECONCILE_WAIT_S
     while redis_forgot(client):
         if time.monotonic() > deadline:

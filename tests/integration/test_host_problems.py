@@ -17,8 +17,8 @@ from croqq.delivery import clock, keys
 from croqq.delivery.ledger import QUEUED, Ledger, StepRecord
 from croqq.delivery.queues import BUILD
 from croqq.delivery.redis_client import strs
+from croqq.patience import wait_until
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 from croqq.processes.runtime import Runtime
 from croqq.processes.supervise import EXIT_CONFIG, Child
 from croqq.settings import Settings

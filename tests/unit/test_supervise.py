@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from croqq.processes.patience import Deadline, wait_until
+from croqq.patience import Deadline, wait_until
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.supervise import EXIT_CONFIG, Child, Supervisor
 
