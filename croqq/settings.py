@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from croqq import patience
 from croqq.errors import ConfigError
-from croqq.processes import patience
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from croqq.processes.patience import wait_until
+from croqq.patience import wait_until
 
 log = logging.getLogger(__name__)
 MODULE = "croqq.bench.capacity_bench"  # this module, also when run as __main__

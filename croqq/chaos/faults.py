@@ -23,12 +23,12 @@ from croqq.delivery import keys
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeSummary
 from croqq.errors import ConfigError
+from croqq.patience import Deadline
 from croqq.placement import registry
 from croqq.probes.sim import inject_fault
 from croqq.processes.local import REDIS, LocalCluster
-from croqq.processes.patience import Deadline
 
-BARRIER_WAIT_S = 30.0  # unloaded seconds (croqq.processes.patience) for a process to reach a barrier
+BARRIER_WAIT_S = 30.0  # unloaded seconds (croqq.patience) for a process to reach a barrier
 
 # kind -> (barrier to land on, which process to kill: "reached" = the one at the barrier, or a role)
 KILLS: dict[str, tuple[str | None, str]] = {

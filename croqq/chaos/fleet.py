@@ -30,13 +30,13 @@ import redis
 from croqq.chaos.hostbed import Bed, Host, HostProcess
 from croqq.chaos.invariants import iteration_commits, repo_problems
 from croqq.delivery import keys
-from croqq.delivery.ledger import RUNNING
+from croqq.delivery.ledger import StepStatus
 from croqq.delivery.queues import GPU_KINDS
 from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeState
 from croqq.errors import ConfigError
+from croqq.patience import Deadline
 from croqq.placement import registry
-from croqq.processes.patience import Deadline
 from croqq.settings import PROJECT_ROOT
 from croqq.work.progress import Snapshot, snapshot, submission_sids
 
@@ -190,7 +190,11 @@ class Fleet:
         out: dict[str, str] = {}
         for step_id in strs(self.client.zrange(keys.RUNNING, 0, -1)):
             rec = {str(k): str(v) for k, v in self.client.hgetall(keys.step(step_id)).items()}
-            if rec.get("status") == RUNNING and rec.get("kind") in GPU_KINDS and rec.get("queue") in queues:
+            if (
+                rec.get("status") == StepStatus.RUNNING
+                and rec.get("kind") in GPU_KINDS
+                and rec.get("queue") in queues
+            ):
                 out[rec["sid"]] = step_id
         return out
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from croqq.chaos.fleet import GPU_HOSTS, Fleet
 from croqq.delivery import clock, keys
 from croqq.delivery.redis_client import strs
+from croqq.patience import Deadline, wait_until
 from croqq.placement import registry
-from croqq.processes.patience import Deadline, wait_until
 
 MAX_ITER = 5
 CUT_TRIES = 20

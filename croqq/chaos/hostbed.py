@@ -81,7 +81,7 @@ from urllib.parse import quote
 
 import redis
 
-from croqq.processes.patience import Deadline
+from croqq.patience import Deadline
 from croqq.processes.redis_server import find_redis_server
 
 PREFIX = "cqbed-"
@@ -90,7 +90,7 @@ SKEWED_SITE = Path(__file__).resolve().parent / "skewed_site"  # PYTHONPATH of a
 BRIDGE = "br0"
 HOST_IFACE = "eth0"
 REDIS_PORT = 6379
-# Budgets in unloaded seconds (croqq.processes.patience: they stretch with the machine's load)
+# Budgets in unloaded seconds (croqq.patience: they stretch with the machine's load)
 BOOT_TIMEOUT_S = 60.0  # a host's init says "ready"
 KILL_TIMEOUT_S = 60.0  # a SIGKILLed process is reaped
 REDIS_START_TIMEOUT_S = 60.0  # the bed's redis-server answers a PING
@@ -777,7 +777,7 @@ class Host:
         cwd: Path | str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run a short command inside the host; its output captured as text (``timeout``: unloaded
-        seconds, :mod:`croqq.processes.patience`; past it the command is killed, TimeoutExpired)."""
+        seconds, :mod:`croqq.patience`; past it the command is killed, TimeoutExpired)."""
         cmd = self._nsenter(argv, cwd)
         proc = HostProcess(
             cmd,

@@ -23,14 +23,14 @@ from typing import Any
 from croqq.chaos.faults import Injected, Injector, PlannedFault, plan
 from croqq.chaos.invariants import live_problems, repo_problems, stored_iterations
 from croqq.delivery import keys
+from croqq.patience import Deadline
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import Deadline
 from croqq.store.validate import validate_repo
 from croqq.work import stats
 
 log = logging.getLogger(__name__)
 CHECKPOINT_EVERY_S = 20.0
-RECOVERY_TIMEOUT_S = 120.0  # unloaded seconds (croqq.processes.patience): a fault not recovered by then fails
+RECOVERY_TIMEOUT_S = 120.0  # unloaded seconds (croqq.patience): a fault not recovered by then fails
 
 
 @dataclass

@@ -131,14 +131,15 @@ def _wait_reconciled(settings: Settings) -> None:
     otherwise be registered as new (the writer would still adopt its stored iterations, later)."""
     from croqq.delivery import keys
     from croqq.delivery.redis_client import connect
-    from croqq.processes.patience import wait_until
+    from croqq.patience import wait_until
+    from croqq.processes.runtime import get_runtime
     from croqq.work.housekeeping import ask_writer_to_reconcile
     from croqq.work.reconcile import redis_forgot
 
     client = connect(settings)
     if not redis_forgot(client) or not client.exists(keys.lease("writer")):
         return
-    ask_writer_to_reconcile()
+    ask_writer_to_reconcile(get_runtime())
     try:
         wait_until(lambda: not redis_forgot(client), RECONCILE_WAIT_S, "the writer's reconcile", every_s=0.2)
     except TimeoutError as exc:

@@ -115,7 +115,8 @@ class Lease:
         return True
 
     def acquire(self, wait_s: float, what: str) -> None:
-        """Take the lease (:meth:`try_take`), waiting up to ``wait_s`` for a live holder's to expire."""
+        """Take the lease (:meth:`try_take`), waiting up to ``wait_s`` for a live holder's to expire (wall
+        time, not :mod:`croqq.patience`'s: its TTL runs on Redis's clock, whatever this host's load)."""
         deadline = time.monotonic() + wait_s
         while not self.try_take():
             holder = text(self.client.get(self.key)) or ""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Iterable, Sequence
+from enum import StrEnum
 from typing import Any, Protocol
 
 import redis
@@ -33,14 +34,34 @@ from croqq.delivery import clock, grace, keys
 from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
 from croqq.delivery.redis_client import strs, text
-from croqq.delivery.state import ShapeState
+from croqq.delivery.state import ShapeState, release_gpu
 from croqq.domain.fsm import Phase
 from croqq.errors import StaleStepError
-from croqq.placement.assign import release_gpu
 
 log = logging.getLogger(__name__)
 
-QUEUED, RUNNING, DONE, DROPPED = "queued", "running", "done", "dropped"
+
+class StepStatus(StrEnum):
+    """A step record's ``status`` in Redis (the Lua scripts below spell the same values)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    DROPPED = "dropped"
+
+
+class ClaimOutcome(StrEnum):
+    """The answer to a claim: OK (the claimer now runs the step), or why its message is dropped: the step
+    is MISSING, STALE (another epoch or kind), or already RUNNING, DONE or DROPPED."""
+
+    OK = "ok"
+    MISSING = "missing"
+    STALE = "stale"
+    RUNNING = "running"
+    DONE = "done"
+    DROPPED = "dropped"
+
+
 PHASE_KIND = {
     Phase.BASELINE: "baseline",
     Phase.PROFILE: "profile",
@@ -110,12 +131,16 @@ class StepRecord(BaseModel):
     sid: str
     kind: str
     epoch: int
-    status: str
+    status: StepStatus
     queue: str
     owner: str = ""
     dispatched_at: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0
+
+    def held_by(self, owner: str, epoch: int) -> bool:
+        """True while ``owner`` runs this step at ``epoch``."""
+        return (self.status, self.epoch, self.owner) == (StepStatus.RUNNING, epoch, owner)
 
 
 Publisher = Callable[[StepRecord], None]
@@ -222,7 +247,7 @@ class Ledger:
             sid=state.sid,
             kind=kind,
             epoch=0,
-            status=QUEUED,
+            status=StepStatus.QUEUED,
             queue=queue,
             dispatched_at=now,
         )
@@ -232,7 +257,7 @@ class Ledger:
 
     def drop_step(self, pipe: Any, step_id: str) -> None:
         """Cancel a queued or running step (pipe in multi mode); any message or result for it is stale."""
-        pipe.hset(keys.step(step_id), mapping={"status": DROPPED, "owner": ""})
+        pipe.hset(keys.step(step_id), mapping={"status": StepStatus.DROPPED, "owner": ""})
         pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
         for zset in (keys.RUNNING, keys.QUEUED, keys.OUTBOX, keys.QUEUED_STORES):
             pipe.zrem(zset, step_id)
@@ -267,9 +292,8 @@ class Ledger:
 
     def claim(
         self, step_id: str, epoch: int, owner: str, kind: str, sid: str
-    ) -> tuple[str, ShapeState | None]:
-        """('ok', the shape's state) if this owner now runs the step; else (why not, None): 'missing',
-        'stale' (another epoch or kind), 'running', 'done', 'dropped'."""
+    ) -> tuple[ClaimOutcome, ShapeState | None]:
+        """(OK, the shape's state) if this owner now runs the step; else (why not, None)."""
         now = clock.now(self.client)
         reply = self._claim(
             keys=[keys.step(step_id), keys.RUNNING, keys.QUEUED, keys.shape(sid), keys.QUEUED_STORES],
@@ -277,8 +301,8 @@ class Ledger:
         )
         if isinstance(reply, list):
             raw = reply[1]
-            return "ok", ShapeState.loads(raw) if raw else None
-        return str(reply), None
+            return ClaimOutcome.OK, ShapeState.loads(raw) if raw else None
+        return ClaimOutcome(str(reply)), None
 
     def claim_queued_stores(self, owner: str, limit: int) -> list[tuple[StepMessage, ShapeState | None]]:
         """Claim for ``owner`` up to ``limit`` of the oldest queued STORE steps, whatever their messages
@@ -380,7 +404,7 @@ class Ledger:
             nexts = []
             for step_id, state, write, queue in plans:
                 write(pipe)
-                pipe.hset(keys.step(step_id), mapping={"status": DONE, "finished_at": repr(now)})
+                pipe.hset(keys.step(step_id), mapping={"status": StepStatus.DONE, "finished_at": repr(now)})
                 pipe.expire(keys.step(step_id), keys.STEP_TTL_S)
                 pipe.zrem(keys.RUNNING, step_id)
                 nexts.append(self.plan_step(pipe, state, queue))
@@ -397,9 +421,7 @@ class Ledger:
     @staticmethod
     def _check_holder(record: StepRecord, state: ShapeState, epoch: int, owner: str) -> None:
         """StaleStepError unless the caller still runs this step at this epoch and the shape waits for it."""
-        if (record.status, record.epoch, record.owner) != (RUNNING, epoch, owner) or state.step_id != (
-            record.step_id
-        ):
+        if not record.held_by(owner, epoch) or state.step_id != record.step_id:
             raise StaleStepError(
                 f"step {record.step_id} epoch {epoch} is stale (now {record.status} epoch {record.epoch})"
             )
@@ -426,7 +448,7 @@ class Ledger:
             record = self.load_step(step_id, pipe)
             state = self.load_shape(record0.sid, pipe)
             deadline = self.client.zscore(keys.RUNNING, step_id)
-            if record is None or record.status != RUNNING:
+            if record is None or record.status != StepStatus.RUNNING:
                 pipe.multi()
                 pipe.zrem(keys.RUNNING, step_id)
                 return None, False
@@ -456,7 +478,7 @@ class Ledger:
             new = record.model_copy(
                 update={
                     "epoch": record.epoch + 1,
-                    "status": QUEUED,
+                    "status": StepStatus.QUEUED,
                     "owner": "",
                     "queue": queue,
                     "dispatched_at": now,
@@ -500,7 +522,7 @@ class Ledger:
         count = 0
         for step_id in step_ids:
             record = self.load_step(step_id)
-            if record is None or record.status != QUEUED:
+            if record is None or record.status != StepStatus.QUEUED:
                 for zset in (keys.OUTBOX, keys.QUEUED, keys.QUEUED_STORES):
                     self.client.zrem(zset, step_id)
                 continue
@@ -519,7 +541,7 @@ class Ledger:
         Only the step's current holder (this owner, at this epoch) may: a stale holder's late failure
         changes nothing (returns False), whatever a newer holder is doing."""
         record = self.load_step(step_id)
-        if record is None or (record.status, record.epoch, record.owner) != (RUNNING, epoch, owner):
+        if record is None or not record.held_by(owner, epoch):
             log.info("ignoring the failure of %s epoch %d by %s: no longer its holder", step_id, epoch, owner)
             return False
         failures = int(self.client.hincrby(keys.step(step_id), "failures", 1))
@@ -529,7 +551,7 @@ class Ledger:
         def body(pipe: Any) -> bool:
             now = self.load_step(step_id, pipe)
             state = self.load_shape(record.sid, pipe)
-            if now is None or (now.status, now.epoch, now.owner) != (RUNNING, epoch, owner):
+            if now is None or not now.held_by(owner, epoch):
                 pipe.multi()
                 return False
             pipe.multi()

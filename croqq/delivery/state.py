@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import zlib
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from croqq.delivery import keys
 from croqq.domain.fsm import Loop, Phase
 from croqq.domain.shapes import Shape
 
@@ -112,3 +114,16 @@ class ShapeState(BaseModel):
         """Resumed shapes (anything past INIT) go before new ones; then schedule rank."""
         resumed = self.loop.phase != Phase.INIT or self.loop.current_iter >= 0
         return self.rank - (RESUME_BOOST if resumed else 0.0)
+
+
+def release_gpu(pipe: Any, state: ShapeState) -> None:
+    """The shape leaves its GPU (if any) and waits in the pending set for one (pipe in multi mode).
+
+    Its in-flight step, if any, is the caller's business; its next GPU step re-measures the best first.
+    """
+    if state.gpu_uuid:
+        pipe.srem(keys.active(state.gpu_uuid), state.sid)
+    state.gpu_uuid = None
+    if state.loop.current_iter >= 0:
+        state.needs_rebase = True
+    pipe.zadd(keys.pending(state.gpu_type), {state.sid: state.pending_score()})

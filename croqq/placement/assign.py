@@ -13,35 +13,20 @@ inline) can place at once.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from croqq.delivery import clock, keys
+from croqq.delivery.ledger import Ledger, StepStatus
 from croqq.delivery.queues import GPU_KINDS
 from croqq.delivery.redis_client import strs, text
-from croqq.delivery.state import ShapeState
+from croqq.delivery.state import ShapeState, release_gpu
 from croqq.domain.fsm import Phase, Start, transition
 from croqq.placement import depth, registry
 from croqq.settings import Settings
 
-if TYPE_CHECKING:
-    from croqq.delivery.ledger import Ledger
-
 log = logging.getLogger(__name__)
-
-
-def release_gpu(pipe: Any, state: ShapeState) -> None:
-    """The shape leaves its GPU (if any) and waits in the pending set for one (pipe in multi mode).
-
-    Its in-flight step, if any, is the caller's business; its next GPU step re-measures the best first.
-    """
-    if state.gpu_uuid:
-        pipe.srem(keys.active(state.gpu_uuid), state.sid)
-    state.gpu_uuid = None
-    if state.loop.current_iter >= 0:
-        state.needs_rebase = True
-    pipe.zadd(keys.pending(state.gpu_type), {state.sid: state.pending_score()})
 
 
 def leave_if_finished(pipe: Any, state: ShapeState) -> None:
@@ -183,7 +168,11 @@ class Placement:
                 return 0
             step = self.ledger.load_step(state.step_id, pipe) if state.step_id else None
             pipe.multi()
-            if step is not None and step.kind in GPU_KINDS and step.status in ("queued", "running"):
+            if (
+                step is not None
+                and step.kind in GPU_KINDS
+                and step.status in (StepStatus.QUEUED, StepStatus.RUNNING)
+            ):
                 self.ledger.drop_step(pipe, step.step_id)
                 state.step_id = None
             if state.loop.phase == Phase.DONE:

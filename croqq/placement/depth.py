@@ -1,39 +1,23 @@
 """How many shapes each GPU holds (its pipeline depth), chosen from the step times it observes.
 
 A GPU stays busy while one of its shapes always has a GPU step queued. Each shape alternates between a
-GPU step (BASELINE, PROFILE, MEASURE: from its claim to its result) and the steps off the GPU (STORE,
-IDEATE, IMPLEMENT: from each one's dispatch to its result, waiting for a worker included). If ``C`` and
-``G`` are the off-GPU and GPU seconds of the GPU's shapes, ``1 + C/G`` shapes keep the GPU exactly busy
-when every step takes its mean time; the rule adds headroom for the spread::
+GPU step (BASELINE, PROFILE, MEASURE: claim to result) and steps off the GPU (STORE, IDEATE, IMPLEMENT:
+dispatch to result). With ``C`` and ``G`` the off-GPU and GPU seconds of the GPU's shapes, ``1 + C/G``
+shapes keep it exactly busy at mean step times; headroom covers the spread::
 
     depth = ceil(pipeline_headroom x (1 + C / G))
 
-``C`` and ``G`` are sums decayed by ``1 - 1/window`` per observed step, the window being about the steps
-of the last MEMORY_CYCLES cycles of every shape (``STEPS_PER_CYCLE x MEMORY_CYCLES x depth``, at least
-MIN_WINDOW): a shallow pipeline forgets as fast in time as a deep one, so a GPU that starts shallow learns
-its agents' times in a few of their cycles. Means, not a high quantile: in a closed loop of D shapes
-around one server the GPU's throughput depends on the mean think time, and the tail only adds spread,
-which the headroom covers (with agent times lognormal, median 264 s and p90 15 min, measure 10 s, a
-queueing model of the loop is 0.93 busy at headroom 1, 0.995 at 1.2; the default 1.5 also covers an
-estimate that lags a growing pipeline, whose longest agent calls finish last, and GPU steps that vary more
-than the model's: a shape too many costs memory, within the bounds below, a shape too few GPU time). A
-GPU step's wait in its GPU queue counts in neither: a deeper pipeline makes it longer, and counting it
-would feed the depth back into itself.
+Means, not a quantile: in a closed loop the GPU's throughput follows the mean off-GPU time. ``C`` and ``G``
+decay over about the last MEMORY_CYCLES cycles of every shape, so a shallow pipeline forgets as fast in time
+as a deep one. A GPU step's wait in its queue counts in neither (it would feed the depth back into itself).
 
-Bounds: at most ``pipeline_depth_max`` (what a GPU host can hold in memory), at most the GPU's fair share
-of the shapes of its type (active on the type's healthy GPUs plus pending, divided by those GPUs, rounded
-up), so one GPU never takes shapes another GPU would measure; ``pipeline_depth`` until MIN_OBSERVATIONS
-steps have been seen. A lower depth never evicts a shape: the GPU just takes no new one until it drains
-below it. Note that waiting for an ideate or build worker is off-GPU time too: a cluster short of those
-workers gets deeper pipelines (within the bounds), which is the best its GPUs can do.
+Bounds: ``pipeline_depth_max``, the GPU's fair share of its type's shapes, and ``pipeline_depth`` until
+MIN_OBSERVATIONS steps have been seen; a lower depth never evicts a shape.
+``CROQQ_PIPELINE_DEPTH_MODE=fixed``: ``pipeline_depth`` on every GPU, with no other bound.
 
-``CROQQ_PIPELINE_DEPTH_MODE=fixed``: ``pipeline_depth`` on every GPU, with no other bound (as before).
-
-Every step's result adds its seconds to the GPU's totals in the ledger's completion transaction (so
-exactly once per step; a shape's seed build and BASELINE come once in its life, not in its cycle, and are
-left out); the coordinator folds the new totals into the decayed sums when it fills the GPU (a Lua
-script: coordinators may race) and logs a depth that changes. All of it lives in ``croqq:depth:<uuid>``,
-so a restarted coordinator carries on, and the depth is recomputed at every fill.
+A step's seconds are added once, in the ledger's completion transaction; the coordinator folds them into the
+decayed sums at each fill (a Lua script: coordinators may race). All of it lives in ``croqq:depth:<uuid>``,
+so a restarted coordinator carries on.
 """
 
 from __future__ import annotations

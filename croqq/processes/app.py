@@ -99,7 +99,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, object]]:
 
 def transport_options(settings: Settings) -> dict[str, object]:
     """kombu's Redis options. A partition leaves half-open TCP connections behind (no FIN, no RST): without
-    timeouts a consumer's BRPOP waits ~50 s past the heal and a publish forever. A connection silent for
+    timeouts a consumer's BRPOP waits long past the heal and a publish forever. A connection silent for
     2x the lease TTL is taken for dead (as a lease holder silent for one TTL loses its lease), dropped and
     reopened once the network is back (:class:`PromptReconnectConsumer`); a shorter partition leaves it
     alone, so a worker does not lose its pool child over a blip."""

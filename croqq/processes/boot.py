@@ -141,7 +141,7 @@ def run_celery_worker(
 
 def _forget_worker(client: redis.Redis, node: str, queue: str) -> None:
     """The consumer has stopped: unregister, and mark its queue reset. A message that Redis handed over
-    while the worker shut down is dropped by Celery (celery/celery#4354, a BRPOP answer left unread), so
+    while the worker shut down is dropped by Celery (a BRPOP answer left unread), so
     housekeeping re-publishes the steps queued before now; a duplicate is dropped at claim."""
     try:
         registry.unregister_worker(client, node)

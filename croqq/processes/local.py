@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 
 from croqq.errors import ConfigError
+from croqq.patience import Deadline
 from croqq.processes import record
-from croqq.processes.patience import Deadline
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.supervise import Child, Supervisor
 from croqq.settings import Settings
@@ -252,7 +252,7 @@ class LocalCluster:
         every_s: float = 0.5,
     ) -> Snapshot:
         """Wait until the submission is finished (the supervisor restarts what dies); ConfigError if late
-        (``timeout_s`` stretches with the machine's load: :mod:`croqq.processes.patience`)."""
+        (``timeout_s`` stretches with the machine's load: :mod:`croqq.patience`)."""
         deadline = Deadline(timeout_s)
         while True:
             snap = self.snapshot(submission)

@@ -31,14 +31,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from croqq.errors import ConfigError, RetryableError
-from croqq.processes.patience import Deadline
+from croqq.patience import Deadline
 from croqq.processes.supervise import Child
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "redis.sock"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
-START_TIMEOUT_S = 60.0  # unloaded seconds (croqq.processes.patience): an AOF replay included
+START_TIMEOUT_S = 60.0  # unloaded seconds (croqq.patience): an AOF replay included
 STOP_TIMEOUT_S = 15.0
 
 

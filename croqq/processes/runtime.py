@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -90,6 +90,8 @@ class GpuIdentity:
 
 
 class Runtime:
+    """This process's parts, each made on first use (work sees it as :class:`croqq.work.context.Runtime`)."""
+
     def __init__(self, settings: Settings, publisher: object = celery_publisher) -> None:
         self.settings = settings
         self.owner = owner_id()
@@ -204,6 +206,12 @@ class Runtime:
         writer = ResultsWriter(repo)
         writer.on_commit = lambda seconds: stats.record_commit(self.client, seconds)  # commit latency
         return writer
+
+    def send_task(self, name: str, queue: str, max_age_s: float, args: list[Any] | None = None) -> None:
+        """Send a task message through this process's Celery app, useless once older than ``max_age_s``."""
+        from croqq.processes.app import app, max_age
+
+        app.send_task(name, args=args, queue=queue, **max_age(max_age_s))
 
     def _writer_lease_holder(self) -> str | None:
         """The writer lease's owner token (this process's, in the writer), None when nobody holds it,

@@ -14,7 +14,7 @@ from croqq.processes.app import app, too_old
 from croqq.processes.runtime import drain_completer, get_runtime
 from croqq.settings import get_settings
 from croqq.work import housekeeping, stats
-from croqq.work.steps import run_step
+from croqq.work.steps import StepOutcome, run_step
 
 log = logging.getLogger(__name__)
 REPO_BYTES_EVERY_S = 30.0  # walking .git is cheap but not free: the exporter's figure lags by at most this
@@ -40,22 +40,22 @@ def _drain_main(**_: Any) -> None:
 
 
 @app.task(name=queues.TASK_GPU)
-def gpu_step(payload: Any) -> str:
+def gpu_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_GPU)
 
 
 @app.task(name=queues.TASK_BUILD)
-def build_step(payload: Any) -> str:
+def build_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_BUILD)
 
 
 @app.task(name=queues.TASK_IDEATE, rate_limit=get_settings().ideate_rate_limit or None)
-def ideate_step(payload: Any) -> str:
+def ideate_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_IDEATE)
 
 
 @app.task(name=queues.TASK_STORE)
-def store_step(payload: Any) -> str:
+def store_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_STORE)
 
 

@@ -32,13 +32,13 @@ from croqq.domain.phases import next_phase
 from croqq.domain.records import BuildOutcome, Idea
 from croqq.domain.source import SourceError
 from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
-from croqq.processes.runtime import Runtime
 from croqq.proposers._base import ProposeContext
 from croqq.settings import Settings
 from croqq.store.schema import StoreReceipt, StoreRequest
 from croqq.work import agents
 from croqq.work import gpu as guard
 from croqq.work import history as hist
+from croqq.work.context import Runtime
 from croqq.work.persist import resumable_loop, store_request
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from croqq.backends._base import GpuContext
 from croqq.delivery import clock, keys
 from croqq.domain.records import GpuSnapshot, Measurement
 from croqq.errors import GpuLeaseLostError, GpuUnavailableError
-from croqq.processes.runtime import Runtime
 from croqq.work import stats
+from croqq.work.context import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ def _claim_for(rt: Runtime, gpu: GpuContext, what: str) -> None:
 
 def gate(rt: Runtime, gpu: GpuContext, what: str) -> GpuSnapshot:
     """Block until the GPU is healthy (or give up and raise), check the lease, mark the GPU busy with
-    ``what``; return the snapshot at the start."""
+    ``what``; return the snapshot at the start. ``health_wait_s`` is wall time, not :mod:`croqq.patience`'s:
+    a GPU's recovery does not slow with this host's load, and the broker's visibility timeout counts it."""
     delay, deadline = 0.2, time.monotonic() + rt.settings.health_wait_s
     while True:
         health = gpu.probe.health(gpu.uuid)

@@ -14,13 +14,13 @@ import logging
 from typing import Any
 
 from croqq.delivery import clock, keys
-from croqq.delivery.ledger import StepRecord
+from croqq.delivery.ledger import StepRecord, StepStatus
 from croqq.delivery.queues import STORE, TASK_GIT_RECONCILE, TASK_GPU_RECHECK
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState
 from croqq.domain.fsm import Phase
 from croqq.placement import registry
-from croqq.processes.runtime import Runtime
+from croqq.work.context import Runtime
 from croqq.work.reconcile import redis_forgot
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def every(rt: Runtime, name: str, seconds: float) -> bool:
 def reconcile(rt: Runtime) -> dict[str, int]:
     out: dict[str, int] = {}
     if git_reconcile_due(rt):
-        out["git_reconcile"] = ask_writer_to_reconcile()
+        out["git_reconcile"] = ask_writer_to_reconcile(rt)
     out["expired"] = rt.ledger.expire_leases()
     out["outbox"] = rt.ledger.flush_outbox(OUTBOX_GRACE_S)
     out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
@@ -64,11 +64,9 @@ def git_reconcile_due(rt: Runtime) -> bool:
     return every(rt, "git-reconcile", rt.settings.git_reconcile_every_s)
 
 
-def ask_writer_to_reconcile() -> int:
+def ask_writer_to_reconcile(rt: Runtime) -> int:
     """Send the writer (the only process with the results repo) its reconcile task; a stale one is skipped."""
-    from croqq.processes.app import app, max_age
-
-    app.send_task(TASK_GIT_RECONCILE, queue=STORE, **max_age(GIT_RECONCILE_MAX_AGE_S))
+    rt.send_task(TASK_GIT_RECONCILE, STORE, GIT_RECONCILE_MAX_AGE_S)
     return 1
 
 
@@ -96,19 +94,12 @@ def republish_after_resets(rt: Runtime) -> int:
 
 def recheck_quarantined(rt: Runtime) -> int:
     """Ask the worker of each quarantined GPU whose cool-down is over to probe it again."""
-    from croqq.processes.app import app, max_age
-
     count, cooldown = 0, rt.settings.quarantine_cooldown_s
     for gpu in registry.all_gpus(rt.client):
         if gpu.status != registry.QUARANTINED or registry.cooldown_left(rt.client, gpu, cooldown) > 0:
             continue
         if rt.client.exists(keys.lease(f"gpu:{gpu.uuid}")):
-            app.send_task(
-                TASK_GPU_RECHECK,
-                args=[{"gpu_uuid": gpu.uuid}],
-                queue=gpu.queue,
-                **max_age(rt.settings.recheck_every_s),
-            )
+            rt.send_task(TASK_GPU_RECHECK, gpu.queue, rt.settings.recheck_every_s, [{"gpu_uuid": gpu.uuid}])
             count += 1
     return count
 
@@ -148,7 +139,7 @@ def _stuck(rt: Runtime, state: ShapeState, conn: Any = None) -> bool:
         return False
     if state.step_id is not None:
         record = rt.ledger.load_step(state.step_id, conn)
-        return record is None or record.status in ("done", "dropped")
+        return record is None or record.status in (StepStatus.DONE, StepStatus.DROPPED)
     if state.gpu_uuid is None:
         return (conn or rt.client).zscore(keys.pending(state.gpu_type), state.sid) is None
     return True

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,11 +21,12 @@ from croqq.delivery import clock, keys
 from croqq.delivery.ledger import Ledger
 from croqq.delivery.messages import SubmitMessage
 from croqq.delivery.redis_client import strs
-from croqq.delivery.state import ShapeState, make_sid
+from croqq.delivery.state import ShapeState, make_sid, release_gpu
 from croqq.domain.fsm import Phase, Reopen, transition
 from croqq.domain.manifest import Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule
-from croqq.placement.assign import Placement, release_gpu
+from croqq.patience import wait_until
+from croqq.placement.assign import Placement
 from croqq.settings import Settings
 from croqq.store.schema import SubmissionRecord
 from croqq.work.persist import loop_from_checkpoint, new_loop, now_iso
@@ -293,10 +293,10 @@ RECORD_WAIT_S = 10.0  # how long `croqq submit` (and `croqq up`) wait for the wr
 
 def wait_recorded(client: redis.Redis, sub_id: str, timeout_s: float = RECORD_WAIT_S) -> bool:
     """Wait until the writer has recorded the submission in the results repo (from then on it survives a
-    Redis that forgets); False if it has not within ``timeout_s`` (no writer running?)."""
-    deadline = time.monotonic() + timeout_s
-    while not recorded(client, sub_id):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
+    Redis that forgets); False if it has not within ``timeout_s`` (no writer running?). A wait for croqq's
+    own writer: the budget stretches with the machine's load (:mod:`croqq.patience`)."""
+    try:
+        wait_until(lambda: recorded(client, sub_id), timeout_s, f"submission {sub_id} recorded")
+    except TimeoutError:
+        return False
     return True

@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from croqq.delivery import keys
-from croqq.delivery.ledger import QUEUED, RUNNING, StepRecord
+from croqq.delivery.ledger import StepRecord, StepStatus
 from croqq.delivery.redis_client import redis_run_id, strs, text
-from croqq.delivery.state import make_sid, split_sid
+from croqq.delivery.state import make_sid, release_gpu, split_sid
 from croqq.domain.fsm import Phase
-from croqq.placement.assign import release_gpu
-from croqq.processes.runtime import Runtime
 from croqq.work import history
+from croqq.work.context import Runtime
 from croqq.work.persist import resumable_loop
 
 if TYPE_CHECKING:
@@ -104,7 +103,7 @@ def _reconcile_shape(rt: Runtime, repo: GitRepo, sid: str) -> str:
         step = rt.ledger.load_step(state.step_id, pipe) if state and state.step_id else None
         if step is not None:
             pipe.watch(keys.step(step.step_id))
-        in_flight = step is not None and step.status in (QUEUED, RUNNING)
+        in_flight = step is not None and step.status in (StepStatus.QUEUED, StepStatus.RUNNING)
         if state is None or state.error or (in_flight and step is not None and step.kind == "store"):
             pipe.multi()
             return "", None

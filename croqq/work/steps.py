@@ -3,14 +3,8 @@
 A GPU step's result is recorded by a background thread (``Runtime.completer``) so that the GPU starts its
 next queued step at once; a process killed before the result is recorded leaves the step running under
 its lease, and the lease's expiry re-dispatches it (the result is then measured again, never lost).
-
-Outcomes (returned, and logged with shape, step and GPU): done, rejected (bad payload), missing/stale/
-running/done/dropped (a duplicate or stale message, dropped), requeued (retryable fault), quarantined
-(the GPU failed its health check), deferred (an agent backed off or its budget spent: the
-shape waits), refused (this host cannot run it: back to the queue, and the worker stops), failed
-(terminal fault of the shape: it is parked as 'error' until `croqq retry`). A GPU step whose artifact is
-missing from the artifact store (or corrupt) is done: its result is ``ArtifactLost``, and the shape goes to
-a build worker to rebuild it (a GPU host never compiles).
+A GPU step whose artifact is missing from the artifact store (or corrupt) is done: its result is
+``ArtifactLost``, and the shape goes to a build worker to rebuild it (a GPU host never compiles).
 
 With group commit (``store_group`` above 1) a STORE takes the oldest queued STOREs with it into one commit
 and one completing transaction (:func:`_run_stores`); their own messages are then dropped as duplicates.
@@ -21,9 +15,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 from croqq.delivery import keys
+from croqq.delivery.ledger import ClaimOutcome
 from croqq.delivery.messages import StepMessage, parse
 from croqq.delivery.queues import GPU_KINDS, STEP_TASK
 from croqq.delivery.state import ShapeState
@@ -39,19 +35,36 @@ from croqq.errors import (
     StaleStepError,
     TerminalError,
 )
-from croqq.processes.runtime import Runtime
 from croqq.store.schema import StoreReceipt, StoreRequest
 from croqq.work import barriers, hosts
+from croqq.work.context import Runtime
 from croqq.work.executors import EXECUTORS, store, store_request_for, stored
 
 log = logging.getLogger(__name__)
+
+
+class StepOutcome(StrEnum):
+    """What became of one step message: returned by its task and logged with shape, step and GPU."""
+
+    DONE = "done"  # executed and completed (or, from the claim, a duplicate of a done step)
+    REJECTED = "rejected"  # a bad payload
+    # the claim refused a duplicate or stale message (ClaimOutcome), which is dropped:
+    MISSING = "missing"
+    STALE = "stale"  # also a result that came too late (the step was re-dispatched)
+    RUNNING = "running"
+    DROPPED = "dropped"
+    REQUEUED = "requeued"  # a retryable fault: back to the queue with a new epoch
+    DEFERRED = "deferred"  # an agent backed off or spent its budget: the shape waits
+    REFUSED = "refused"  # this host cannot run it: back to the queue, and the worker stops
+    QUARANTINED = "quarantined"  # the GPU failed its health check
+    FAILED = "failed"  # a terminal fault of the shape: parked as 'error' until `croqq retry`
 
 
 def wait_barrier(rt: Runtime, name: str, step_id: str) -> None:
     barriers.wait_barrier(rt.client, rt.settings.test_barriers, name, step_id)
 
 
-def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
+def run_step(rt: Runtime, payload: Any, task_name: str) -> StepOutcome:
     try:
         msg = parse(StepMessage, payload)
         if STEP_TASK[msg.kind] != task_name:
@@ -59,11 +72,11 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
     except InvalidRecordError as exc:
         rt.client.hincrby(keys.STATS, "rejected", 1)
         log.error("rejected message: %s", exc)
-        return "rejected"
+        return StepOutcome.REJECTED
     status, state = rt.ledger.claim(msg.step_id, msg.epoch, rt.owner, msg.kind, msg.sid)
-    if status != "ok":
+    if status != ClaimOutcome.OK:
         log.info("dropping %s %s epoch %d: step is %s", msg.kind, msg.step_id, msg.epoch, status)
-        return status
+        return StepOutcome(status)
     if msg.kind == "store" and rt.settings.store_group > 1:
         return _run_stores(rt, msg, state)
     leases = rt.step_leases
@@ -73,7 +86,7 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
         leases.remove(msg.step_id)
         return outcome
 
-    def finish() -> str:
+    def finish() -> StepOutcome:
         try:
             return _guarded(rt, msg, lambda: _complete(rt, msg, event))[0]
         finally:
@@ -81,7 +94,7 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> str:
 
     if msg.kind in GPU_KINDS:  # the GPU goes on to its next step while this result is recorded
         rt.completer.submit(finish)
-        return "done"
+        return StepOutcome.DONE
     return finish()
 
 
@@ -102,7 +115,7 @@ def _execute(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Any:
     return event
 
 
-def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> str:
+def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> StepOutcome:
     """Group commit: this STORE and up to ``store_group - 1`` of the oldest queued behind it (claimed ahead
     of their messages) go into one commit, then complete in one transaction. Each step keeps its own
     fate: one that fails before the commit is failed alone, a group the writer refuses is stored one by
@@ -124,10 +137,10 @@ def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> str:
 
 def _store_group(
     rt: Runtime, group: list[tuple[StepMessage, ShapeState | None]]
-) -> list[tuple[StepMessage, str, Any]]:
+) -> list[tuple[StepMessage, StepOutcome, Any]]:
     """(step, outcome, event or None) for each STORE of ``group``, in order."""
     prepared: dict[str, tuple[ShapeState, StoreRequest]] = {}
-    refused: dict[str, str] = {}  # the outcome of a STORE that failed before the commit
+    refused: dict[str, StepOutcome] = {}  # the outcome of a STORE that failed before the commit
     for member, state in group:
 
         def prepare(
@@ -171,7 +184,7 @@ def _store_group(
     return results
 
 
-def _complete_group(rt: Runtime, done: list[tuple[StepMessage, Any]]) -> dict[str, str]:
+def _complete_group(rt: Runtime, done: list[tuple[StepMessage, Any]]) -> dict[str, StepOutcome]:
     """Complete a group's stored STOREs in one transaction; step id -> outcome."""
     if not done:
         return {}
@@ -184,49 +197,49 @@ def _complete_group(rt: Runtime, done: list[tuple[StepMessage, Any]]) -> dict[st
     for (member, _), result in zip(done, results, strict=True):
         if isinstance(result, StaleStepError):
             log.warning("%s: %s", member.step_id, result)
-            outcomes[member.step_id] = "stale"
+            outcomes[member.step_id] = StepOutcome.STALE
         else:
             log.info("%s store done -> %s", result.key, result.loop.phase)
-            outcomes[member.step_id] = "done"
+            outcomes[member.step_id] = StepOutcome.DONE
     return outcomes
 
 
-def _completion(rt: Runtime, msg: StepMessage, event: Any) -> Callable[[], str]:
+def _completion(rt: Runtime, msg: StepMessage, event: Any) -> Callable[[], StepOutcome]:
     return lambda: _complete(rt, msg, event)
 
 
-def _complete(rt: Runtime, msg: StepMessage, event: Any) -> str:
+def _complete(rt: Runtime, msg: StepMessage, event: Any) -> StepOutcome:
     after = rt.ledger.complete(msg.step_id, msg.epoch, rt.owner, event, msg.sid)
     log.info("%s %s done -> %s", after.key, msg.kind, after.loop.phase)
-    return "done"
+    return StepOutcome.DONE
 
 
-def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str, Any]:
+def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[StepOutcome, Any]:
     """Run ``fn``; map croqq's exceptions to the step's fate: (outcome, fn's value or None)."""
     try:
-        return "done", fn()
+        return StepOutcome.DONE, fn()
     except StaleStepError as exc:
         log.warning("%s: %s", msg.step_id, exc)
-        return "stale", None
+        return StepOutcome.STALE, None
     except ArtifactMissingError as exc:  # the step's result: a build worker rebuilds it
         log.warning("%s %s: %s; it goes back to a build worker", msg.kind, msg.step_id, exc)
-        return "done", ArtifactLost(artifact=exc.artifact)
+        return StepOutcome.DONE, ArtifactLost(artifact=exc.artifact)
     except GpuLeaseLostError as exc:
         rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
-        return "requeued", None
+        return StepOutcome.REQUEUED, None
     except DeferredError as exc:  # not a failure: pause (the lease is kept alive), then back to the queue
         log.info("%s %s deferred: %s", msg.kind, msg.step_id, exc)
         time.sleep(exc.wait_s)
         rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
-        return "deferred", None
+        return StepOutcome.DEFERRED, None
     except HostError as exc:  # this host's fault, not the shape's: another host takes the step
         log.error("%s %s: this host cannot run it, so it stops taking work: %s", msg.kind, msg.step_id, exc)
         hosts.record(rt.client, str(exc))
         rt.ledger.requeue(msg.step_id, f"refused by {hosts.label()}: {exc}", rt.owner, expect_epoch=msg.epoch)
-        return "refused", None
+        return StepOutcome.REFUSED, None
     except GpuUnavailableError as exc:
         rt.placement.quarantine(rt.gpu.uuid, str(exc))
-        return "quarantined", None
+        return StepOutcome.QUARANTINED, None
     except RetryableError as exc:
         log.warning("%s %s: retryable fault: %s", msg.kind, msg.step_id, exc)
         rt.ledger.fail(
@@ -237,11 +250,11 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
             terminal=False,
             max_failures=rt.settings.max_step_failures,
         )
-        return "requeued", None
+        return StepOutcome.REQUEUED, None
     except TerminalError as exc:
         log.error("%s %s: %s", msg.kind, msg.step_id, exc)
         rt.ledger.fail(msg.step_id, msg.epoch, rt.owner, str(exc), terminal=True, max_failures=1)
-        return "failed", None
+        return StepOutcome.FAILED, None
     except Exception as exc:
         log.exception("%s %s crashed", msg.kind, msg.step_id)
         rt.ledger.fail(
@@ -252,4 +265,4 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[str,
             terminal=False,
             max_failures=rt.settings.max_step_failures,
         )
-        return "requeued", None
+        return StepOutcome.REQUEUED, None

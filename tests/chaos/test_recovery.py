@@ -12,8 +12,8 @@ import redis
 
 from croqq.chaos.invariants import repo_problems
 from croqq.delivery import keys
+from croqq.patience import wait_until
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 from croqq.store.paths import RunPaths
 
 pytestmark = pytest.mark.chaos

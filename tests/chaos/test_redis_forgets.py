@@ -21,8 +21,8 @@ import redis
 from croqq.chaos.invariants import repo_problems
 from croqq.delivery import keys
 from croqq.delivery.state import ShapeSummary
+from croqq.patience import wait_until
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 from croqq.processes.redis_server import RedisServer
 from croqq.store.paths import RunPaths
 

@@ -36,7 +36,7 @@ def test_stress_run_with_every_fault_kind_loses_and_duplicates_nothing(short_tmp
         "4",
         "--lease-ttl",
         "3",
-        "--timeout",  # unloaded seconds (croqq.processes.patience): fails only a run that never finishes
+        "--timeout",  # unloaded seconds (croqq.patience): fails only a run that never finishes
         "900",
         "--out",
         str(short_tmp),

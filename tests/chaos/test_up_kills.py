@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from croqq.chaos.invariants import repo_problems, stored_iterations
-from croqq.processes.patience import Deadline, wait_until
+from croqq.patience import Deadline, wait_until
 from croqq.store.paths import RunPaths
 from tests.output import error_line
 

@@ -15,8 +15,8 @@ import redis
 from typer.testing import CliRunner
 
 from croqq.delivery import keys
+from croqq.patience import Deadline
 from croqq.processes import health as hc
-from croqq.processes.patience import Deadline
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.runtime import GpuIdentity
 from croqq.settings import Settings
@@ -25,7 +25,7 @@ from tests.output import error_line
 ROOT = Path(__file__).resolve().parents[2]
 DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1: a PING is refused at once
 FRESH_S = 60.0  # a beat interval that keeps a record fresh (3 beats) however slowly a test runs
-WAIT_S = 240.0  # unloaded seconds (croqq.processes.patience) for a real process to become healthy
+WAIT_S = 240.0  # unloaded seconds (croqq.patience) for a real process to become healthy
 
 
 def settings_for(tmp_path: Path, url: str = DEAD_REDIS, **more: object) -> Settings:
@@ -262,7 +262,7 @@ def start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]
 
 def wait_for(croqq, env: dict[str, str], args: list[str], log: Path, budget_s: float = WAIT_S) -> str:  # type: ignore[no-untyped-def]
     """Poll `croqq health ARGS` until it exits 0 (its stdout); fail only once ``budget_s`` unloaded
-    seconds (croqq.processes.patience) have passed without it."""
+    seconds (croqq.patience) have passed without it."""
     deadline = Deadline(budget_s)
     while True:
         done = croqq(env, "health", *args)

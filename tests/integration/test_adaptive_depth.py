@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from croqq.delivery import keys
+from croqq.patience import wait_until
 from croqq.placement import depth
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 
 pytestmark = pytest.mark.slow
 

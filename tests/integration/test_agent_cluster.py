@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from croqq.delivery import keys
+from croqq.patience import wait_until
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 from croqq.store.paths import RunPaths
 from croqq.store.render import parse_tsv
 from croqq.store.validate import validate_repo

@@ -13,9 +13,9 @@ import pytest
 from croqq.chaos.invariants import iteration_commits, repo_problems
 from croqq.delivery import keys
 from croqq.delivery.queues import BUILD, TASK_BUILD
+from croqq.patience import wait_until
 from croqq.processes.app import make_app
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 from croqq.store.paths import RunPaths
 from croqq.store.render import parse_tsv
 from tests.output import error_line

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from croqq.patience import wait_until
 from croqq.placement import registry
 from croqq.processes.boot import host_name
 from croqq.processes.local import LocalCluster
 from croqq.processes.naming import gpu_node
-from croqq.processes.patience import wait_until
 from tests.browser import Browser, browser  # noqa: F401
 from tests.ports import free_port
 

@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from croqq.delivery import keys
+from croqq.patience import wait_until
 from croqq.placement import registry
 from croqq.probes.sim import SimProbe, clear_faults, inject_fault
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 
 pytestmark = pytest.mark.slow
 COOLDOWN_S = 600.0  # longer than any restart takes; the test ends it on Redis's clock

@@ -14,11 +14,11 @@ import pytest
 import redis
 
 from croqq.delivery import clock, keys
-from croqq.delivery.ledger import QUEUED, Ledger, StepRecord
+from croqq.delivery.ledger import Ledger, StepRecord, StepStatus
 from croqq.delivery.queues import BUILD
 from croqq.delivery.redis_client import strs
+from croqq.patience import wait_until
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 from croqq.processes.runtime import Runtime
 from croqq.processes.supervise import EXIT_CONFIG, Child
 from croqq.settings import Settings
@@ -118,7 +118,9 @@ def test_a_worker_that_stops_has_the_steps_queued_for_it_published_again(
             return bool(redis_client.exists(keys.queue_reset(BUILD)) and redis_client.zcard(keys.WORKERS))
 
         wait_until(consuming, 180, "the build worker to start consuming")
-        step = StepRecord(step_id="s#1", sid="s", kind="implement", epoch=0, status=QUEUED, queue=BUILD)
+        step = StepRecord(
+            step_id="s#1", sid="s", kind="implement", epoch=0, status=StepStatus.QUEUED, queue=BUILD
+        )
         redis_client.hset(keys.step(step.step_id), mapping={k: str(v) for k, v in step.model_dump().items()})
         redis_client.zadd(keys.QUEUED, {step.step_id: clock.now(redis_client)})  # its message: dropped
         worker.send_signal(signal.SIGTERM)

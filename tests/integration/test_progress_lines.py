@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from croqq.processes.patience import wait_until
+from croqq.patience import wait_until
 from croqq.processes.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from croqq.patience import wait_until
 from croqq.processes.local import LocalCluster
-from croqq.processes.patience import wait_until
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow

@@ -31,11 +31,11 @@ from croqq.chaos.hostbed import (
     cleanup_stale,
     faketime_available,
 )
-from croqq.processes.patience import wait_until
+from croqq.patience import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "s3cret pw/+"  # needs URL quoting
-WAIT_S = 120.0  # unloaded seconds (croqq.processes.patience) for something that must come
+WAIT_S = 120.0  # unloaded seconds (croqq.patience) for something that must come
 PATIENT = {"socket_connect_timeout": 60, "socket_timeout": 60}  # a client expected to succeed
 
 _REASON = bed_available()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from croqq import patience
 from croqq.errors import ConfigError
-from croqq.processes import patience
-from croqq.processes.patience import Deadline, wait_until
+from croqq.patience import Deadline, wait_until
 from tests.output import error_line
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture

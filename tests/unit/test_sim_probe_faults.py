@@ -13,8 +13,8 @@ import redis
 
 from croqq.delivery import keys
 from croqq.errors import ConfigError, InvalidRecordError
+from croqq.patience import wait_until
 from croqq.probes.sim import FaultSource, MemoryFaults, RedisFaults, SimProbe, clear_faults, inject_fault
-from croqq.processes.patience import wait_until
 from croqq.processes.redis_server import RedisServer
 
 HOST = "test-host"

@@ -20,7 +20,7 @@ import redis
 from croqq.bench.samples import sample_requests, schedule_keys
 from croqq.delivery import keys
 from croqq.errors import RetryableError
-from croqq.processes.patience import Deadline
+from croqq.patience import Deadline
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.runtime import Runtime
 from croqq.settings import Settings

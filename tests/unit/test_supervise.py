@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from croqq.processes.patience import wait_until
+from croqq.patience import wait_until
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.supervise import EXIT_CONFIG, Child, Supervisor
 

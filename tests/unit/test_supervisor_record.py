@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from croqq.errors import ConfigError
+from croqq.patience import Deadline, wait_until
 from croqq.processes import record
-from croqq.processes.patience import Deadline, wait_until
 
 
 def sleeper(group_child: bool = False) -> subprocess.Popen[bytes]:

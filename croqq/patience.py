@@ -5,9 +5,10 @@ the machine's slowness (the 1-minute load average per CPU, at least 1), so a bud
 machine busier than its CPUs can serve. ``CROQQ_PATIENCE`` multiplies every budget (a shared CI host may
 set it; default 1); a value that is not a positive number is refused, never ignored.
 
-Used where croqq waits for its own processes (``croqq up`` waiting for its GPU workers, the stress and
-multi-host harnesses, the tests): how long recovery or start-up takes is a benchmark figure, never a
-reason to fail.
+Used where croqq waits for its own processes (``croqq up`` waiting for its GPU workers, ``croqq submit``
+waiting for the writer, the stress and multi-host harnesses, the tests): how long recovery or start-up
+takes is a benchmark figure, never a reason to fail. Not for leases or Redis-clock deadlines, which must
+not stretch. A base module: every layer may import it, and it imports none.
 """
 
 from __future__ import annotations
