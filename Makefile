@@ -40,7 +40,7 @@ bench: $(STAMP)  ## every benchmark -> bench/results.json, plus one line in benc
 kernels: $(STAMP)  ## compile every kernel of kernels/manifest.json (reference knobs, sm_90a) into build/kernels
 	$(BIN)/croqq kernels --out build/kernels
 
-gpu-check: $(STAMP)  ## on an NVIDIA GPU host: build, verify, time vs cuBLAS, a 3-iteration real tuning loop
+gpu-check: $(STAMP)  ## on an NVIDIA GPU host, `croqq gpu-check`: build, verify, time vs cuBLAS, a real tuning loop
 	$(BIN)/croqq gpu-check --out bench/gpu_check.json
 
 clean:  ## remove the venv, demo state and caches
