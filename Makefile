@@ -30,18 +30,18 @@ test-fast: $(STAMP)  ## the tests that need no cluster processes
 	$(BIN)/python -m pytest -m "not slow and not chaos"
 
 lint: $(STAMP)  ## ruff (lint + format check) and mypy
-	$(BIN)/ruff check croqq tests
-	$(BIN)/ruff format --check croqq tests
+	$(BIN)/ruff check croqq benchmarks tests
+	$(BIN)/ruff format --check croqq benchmarks tests
 	$(BIN)/mypy
 
-bench: $(STAMP)  ## benchmarks -> bench/results.json (writer, 268-shape sweep, recovery, GPU duty cycle)
-	$(BIN)/python -m croqq.bench --out bench/results.json
+bench: $(STAMP)  ## every benchmark -> bench/results.json, plus one line in benchmarks/history.jsonl
+	$(BIN)/python -m benchmarks --out bench/results.json
 
 kernels: $(STAMP)  ## compile every kernel of kernels/manifest.json (reference knobs, sm_90a) into build/kernels
 	$(BIN)/croqq kernels --out build/kernels
 
-gpu-check: $(STAMP)  ## on an NVIDIA GPU host: build, verify, time vs cuBLAS, a 3-iteration real tuning loop
-	$(BIN)/python -m croqq.bench.gpu_check
+gpu-check: $(STAMP)  ## on an NVIDIA GPU host, `croqq gpu-check`: build, verify, time vs cuBLAS, a real tuning loop
+	$(BIN)/croqq gpu-check --out bench/gpu_check.json
 
 clean:  ## remove the venv, demo state and caches
 	rm -rf $(VENV) .demo .croqq .pytest_cache .mypy_cache .ruff_cache

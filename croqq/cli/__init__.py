@@ -24,6 +24,7 @@ def _register() -> None:
     from croqq.cli import (  # noqa: F401
         exporter,
         gpu,
+        gpu_check,
         kernels,
         measure,
         processes,

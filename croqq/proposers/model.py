@@ -18,8 +18,8 @@ build) and:
    argmax over many would only circle the best).
 
 The balance between the good and the bad density decides how far it looks, so ``ctx.strategy`` is not
-used (widening the draws after non-KEEPs, as the ``search`` proposer does, did not help it: ``python -m
-croqq.bench --only tuning`` compares the two). The draw is seeded by
+used (widening the draws after non-KEEPs, as the ``search`` proposer does, did not help it: the tuning
+benchmark compares the two). The draw is seeded by
 (shape key, iteration, hashes tried, ``ctx.seed``): the same context always gives the same idea.
 """
 

@@ -3,7 +3,7 @@
 Each test runs a small cluster (4 simulated GPUs, lease TTL 3 s) to completion through `croqq stress`'s
 harness with exactly one fault; kills land on a barrier, so the victim is always in the middle of a step.
 The tests assert that the fault recovered; recovery times (target: a killed step finished within 2x the
-lease TTL) are figures of ``python -m croqq.bench --only recovery``.
+lease TTL) are figures of ``python -m benchmarks --only recovery``.
 """
 
 from __future__ import annotations

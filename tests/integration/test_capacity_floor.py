@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis
 
-from croqq.bench.capacity_bench import QUEUE, RedisCounters, chain_plan, run_floor
+from benchmarks.capacity_bench import QUEUE, RedisCounters, chain_plan, run_floor
 from croqq.processes.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The multi-host test bed itself (croqq/chaos/hostbed.py): hostnames, private folders, a private network
+"""The multi-host test bed itself (tests/hostbed/bed.py): hostnames, private folders, a private network
 with a password-protected Redis over TCP, partitions, losing every process of a host, restarts, clock skew,
 and a clean machine afterwards. One bed per module; tests that break a host use a host of their own."""
 
@@ -20,7 +20,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from croqq.chaos.hostbed import (
+from croqq.patience import wait_until
+from tests.hostbed.bed import (
     BRIDGE,
     HOST_IFACE,
     NETNS_DIR,
@@ -31,7 +32,6 @@ from croqq.chaos.hostbed import (
     cleanup_stale,
     faketime_available,
 )
-from croqq.patience import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "s3cret pw/+"  # needs URL quoting
@@ -309,7 +309,7 @@ def _root_links() -> set[str]:
 def test_cleanup_stale_removes_a_killed_runs_leftovers(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import sys, time
-        from croqq.chaos.hostbed import Bed
+        from tests.hostbed.bed import Bed
         bed = Bed({str(tmp_path)!r}, "tstale")
         host = bed.add_host("orphan")
         host.spawn(["sleep", "300"])

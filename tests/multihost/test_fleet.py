@@ -1,11 +1,11 @@
 """croqq on five hosts that share nothing but a network: Redis, the writer, a build host, two GPU hosts
-(:mod:`croqq.chaos.fleet`). Each test boots a fresh fleet, submits a small sweep from the build host (which
+(:mod:`tests.hostbed.fleet`). Each test boots a fresh fleet, submits a small sweep from the build host (which
 has no results repo), and checks what the fleet promises: every iteration stored exactly once, `git fsck`
 clean, measured on a GPU host, built on the build host, and no results repo anywhere but the writer's.
 The fault tests inject one fault each at a chosen moment (most of them mid-step) and check that the fleet
 finishes with nothing lost or stored twice. Recovery times are printed here and measured by the hosts
-benchmark beside their targets: a test asserts that recovery happens (the scenario fails if no affected
-shape stores again), never how fast."""
+benchmark (``python -m benchmarks --only hosts``) beside their targets: a test asserts that recovery
+happens (the scenario fails if no affected shape stores again), never how fast."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from croqq.chaos import fleet_faults as faults
-from croqq.chaos.fleet import GPU_HOSTS, Fleet, FleetConfig
-from croqq.chaos.hostbed import bed_available, faketime_available
 from croqq.delivery import keys
 from croqq.placement import registry
+from tests.hostbed import faults
+from tests.hostbed.bed import bed_available, faketime_available
+from tests.hostbed.fleet import GPU_HOSTS, Fleet, FleetConfig
 
 REASON = bed_available()
 pytestmark = [

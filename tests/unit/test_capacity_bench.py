@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from croqq.bench.capacity_bench import (
+from benchmarks.capacity_bench import (
     _label,
     busy_s,
     capacity_limits,
@@ -81,12 +81,12 @@ def test_a_busy_ideate_worker_renews_its_threads_steps_in_one_call() -> None:
 def test_processes_are_named_by_role() -> None:
     assert _label("/usr/bin/redis-server unixsocket:/tmp/r.sock") == "redis-server"
     assert _label("/v/bin/python -m croqq writer --log-level WARNING") == "croqq writer"
-    worker = "/v/bin/python -m croqq.bench.capacity_bench floor-worker gpu.GPU-0 prefork 1 2"
+    worker = "/v/bin/python -m benchmarks.capacity_bench floor-worker gpu.GPU-0 prefork 1 2"
     assert _label(worker) == "floor gpu.GPU-0"
 
 
 def test_croqq_and_floor_processes_are_compared_by_the_queue_they_serve() -> None:
-    from croqq.bench.capacity_bench import _by_part
+    from benchmarks.capacity_bench import _by_part
 
     croqq = {"croqq writer": 0.5, "croqq gpu-worker": 0.1, "croqq gpu-worker (pool)": 0.3, "croqq beat": 0.1}
     floor = {"floor store": 0.2, "floor gpu.GPU-0": 0.05, "floor gpu.GPU-1 (pool)": 0.05}

@@ -7,9 +7,9 @@ from functools import cache
 
 import pytest
 
+from benchmarks.tuning_bench import Problem, run_croqq
 from croqq.backends.landscape import Landscape, Record
 from croqq.backends.replay import replay_manifest
-from croqq.bench.tuning_bench import Problem, run_croqq
 from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.records import HistoryEntry

@@ -12,8 +12,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from croqq.bench import report_bench
-from croqq.bench.samples import schedule_keys
+from benchmarks import report_bench
 from croqq.domain.manifest import load_manifest
 from croqq.report import duty, sweeps
 from croqq.report.model import Busy, Selection, open_repo, read_repo, select_runs
@@ -23,6 +22,7 @@ from croqq.store.schema import StoreRequest, SubmissionRecord
 from croqq.store.writer import ResultsWriter
 from tests.browser import browser  # noqa: F401
 from tests.output import error_line
+from tests.samples import schedule_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = schedule_keys()[:6]

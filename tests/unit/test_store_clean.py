@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from croqq.bench.samples import sample_requests
 from croqq.store import paths
 from croqq.store.clean import clean
 from croqq.store.gitrepo import GitRepo
 from croqq.store.load import load_state
 from croqq.store.validate import validate_repo
 from croqq.store.writer import ResultsWriter
+from tests.samples import sample_requests
 
 GPU, DSL = "sm90_NVIDIA_H200", "cuda"
 DONE = ["f16_4096x8192x8192"]

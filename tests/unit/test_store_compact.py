@@ -12,13 +12,13 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from croqq.bench.samples import sample_requests, schedule_keys
 from croqq.store import paths
 from croqq.store._delta import append_delta, apply_delta, make_delta
 from croqq.store._packstack import MAX_DEPTH
 from croqq.store.gitrepo import GitRepo
 from croqq.store.validate import validate_repo
 from croqq.store.writer import ResultsWriter
+from tests.samples import sample_requests, schedule_keys
 
 GPU, DSL = "sm90_NVIDIA_H200", "cuda"
 RUN = paths.RunPaths(GPU, DSL)
@@ -146,7 +146,7 @@ def test_rewriting_a_file_with_its_own_bytes_writes_no_commit(tmp_path: Path) ->
 
 KILLER = """
 import os, signal, sys, threading, pathlib
-from croqq.bench.samples import sample_requests, schedule_keys
+from tests.samples import sample_requests, schedule_keys
 from croqq.store import _objects
 from croqq.store.gitrepo import GitRepo
 from croqq.store.writer import ResultsWriter

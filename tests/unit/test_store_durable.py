@@ -17,7 +17,6 @@ import pygit2
 import pytest
 import redis
 
-from croqq.bench.samples import sample_requests, schedule_keys
 from croqq.delivery import keys
 from croqq.errors import RetryableError
 from croqq.patience import Deadline
@@ -28,6 +27,7 @@ from croqq.store._locks import MARKER
 from croqq.store.gitrepo import GitRepo
 from croqq.store.push import Pusher
 from croqq.store.writer import ResultsWriter
+from tests.samples import sample_requests, schedule_keys
 
 FIRST = "host:101:aaaa:writer"
 SECOND = "host:202:bbbb:writer"

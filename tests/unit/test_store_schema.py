@@ -7,7 +7,6 @@ import json
 import pydantic
 import pytest
 
-from croqq.bench.samples import sample_requests
 from croqq.errors import InvalidRecordError
 from croqq.store.load import parse_json, parse_jsonl
 from croqq.store.render import parse_tsv, results_row, state_line, state_text, tsv_header, tsv_line
@@ -21,6 +20,7 @@ from croqq.store.schema import (
     StoreReceipt,
     StoreRequest,
 )
+from tests.samples import sample_requests
 
 REQS = list(sample_requests("sm90_NVIDIA_H200", "cuda", ["f16_4096x8192x8192"], 6, 1, attempt_rate=0.5))
 ROUND = next(r.round for r in REQS if r.round is not None and r.round.profile is not None)

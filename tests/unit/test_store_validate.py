@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from croqq.bench.samples import sample_requests
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
 from croqq.store.validate import FOREIGN_HINT, Problem, validate_repo
 from croqq.store.writer import ResultsWriter
+from tests.samples import sample_requests
 
 GPU, DSL = "sm90_NVIDIA_H200", "cuda"
 KEY, OTHER = "f16_4096x8192x8192", "e4m3_2048x2048x2048"

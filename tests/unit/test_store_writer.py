@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from croqq.bench.samples import sample_requests
 from croqq.chaos.invariants import repo_problems
 from croqq.errors import InvalidRecordError
 from croqq.store import paths
@@ -18,6 +17,7 @@ from croqq.store.render import commit_message, group_commit_message, parse_tsv, 
 from croqq.store.schema import StoreRequest
 from croqq.store.validate import validate_repo
 from croqq.store.writer import ResultsWriter
+from tests.samples import sample_requests
 
 GPU, DSL = "sm90_NVIDIA_H200", "cuda"
 KEYS = ["f16_4096x8192x8192", "e4m3_1024x1024x1024", "f16_256x256x256"]

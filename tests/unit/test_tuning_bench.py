@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import tuning_bench as tb
 from croqq.backends import _simmodel as simmodel
 from croqq.backends.landscape import load_landscape
-from croqq.bench import tuning_bench as tb
 from croqq.domain.manifest import load_manifest
 from croqq.settings import PROJECT_ROOT
 
@@ -114,14 +114,14 @@ def test_the_simulated_landscape_is_the_sim_models_prediction_for_every_knob_set
 )
 def test_bad_tuning_arguments_are_one_line_and_exit_2(args: list[str], words: str, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "croqq.bench", "--only", "tuning", "--out", str(tmp_path / "r.json"), *args],
+        [sys.executable, "-m", "benchmarks", "--only", "tuning", "--out", str(tmp_path / "r.json"), *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("python -m croqq.bench: error: ")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("python -m benchmarks: error: ")]
     assert len(errors) == 1 and words in errors[0], proc.stderr
     assert not (tmp_path / "r.json").exists()
 

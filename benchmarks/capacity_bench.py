@@ -1,54 +1,18 @@
-"""Fleet capacity (issue 12, part 6) and the control plane's CPU cost against a bare Celery floor (part 7).
+"""Fleet capacity, and the control plane's CPU cost against a bare Celery floor.
 
-``capacity(work)``: a real local cluster (sim backend, zero step time, ``GPUS`` simulated GPUs) stores
-``SHAPES x (MAX_ITER + 1)`` iterations on a Redis of the product's configuration (AOF, ``appendfsync
-always``), then as many again with ``appendfsync everysec`` (:func:`capacity_run`; the ``_everysec``
-figures). Redis's own counters over each batch (INFO commandstats, total_net_input/output_bytes,
-used_cpu_sys + used_cpu_user), minus the idle cluster's rate over the same time, give commands, bytes and
-CPU seconds per stored iteration. At real cadence two costs that a zero-time run hides are added:
+``capacity(work)``: a real local cluster (simulated GPUs, zero step time) stores a batch of iterations on a
+Redis of the product's configuration, with ``appendfsync always`` and then ``everysec``. Redis's own
+counters over each batch, minus the idle cluster's rate, give commands, bytes and CPU per stored iteration;
+step heartbeats at real step durations (:func:`heartbeat_calls`) and each GPU's own idle traffic are added,
+as a zero-time run hides them. The writer's time per iteration at a deep history (:func:`writer_commit_s`)
+and group commit (:func:`group_run`) complete the parts; :func:`capacity_limits` turns them into GPUs
+served per part at one stored iteration per GPU every ``CADENCE_S``, each part at ``HEADROOM`` of its budget.
 
-- step heartbeats: a running step's lease is renewed every TTL/4, so an iteration makes
-  :func:`heartbeats_per_iteration` renewals at the sim's real step durations. A process renews all the
-  steps it runs in one call, so in a busy fleet an ideate worker renews ``ideate_concurrency`` steps per
-  call and a GPU worker or prefork build child one (:func:`heartbeat_calls`); each call is priced by
-  timing ``Ledger.heartbeat`` on that many running steps on the same server;
-- idle traffic: the idle cluster's rate is measured for ``IDLE_S`` after each batch, then with its GPU
-  workers stopped and their GPUs out of the registry; the difference over ``GPUS`` is one GPU's own (its
-  worker's heartbeats and polling, the coordinator's work for it on each tick), the rest is shared
-  (coordinator, beat, writer, build and ideate workers).
-
-With ``always``, Redis fsyncs its AOF once per event-loop cycle that wrote, and at 4 GPUs most cycles
-carry one client's write: the per-write cost measured here is what a small fleet pays, an upper bound
-for a big one, whose clients share each cycle's fsync; ``everysec`` shows the cost without it.
-
-The writer's time per stored iteration at 100k iterations of history is the store step's median wall
-time in the cluster (claim to completion, from the step ledger) plus what the median commit costs more at
-100k iterations than on a shallow repo (:func:`writer_commit_s`). :func:`capacity_limits` turns these
-into GPUs served per part at one stored iteration per GPU every ``CADENCE_S``, each part at ``HEADROOM``
-of its budget.
-
-Group commit (``CROQQ_STORE_GROUP``): a second cluster on the flushed server stores one batch with
-``GROUP`` STOREs at most per commit (:func:`group_run`). For it and for the first run's ``always`` batch,
-the writer's time is its busy time per STORE (the union of the store steps' claim-to-completion
-intervals over their number: a group's steps overlap) plus the extra cost of a commit at 100k history
-shared by the STOREs of a commit (the ``_group`` and ``writer_busy`` figures); the group figure's Redis
-side is the first run's.
-
-``cpu_cost(work)``: the user + sys CPU of every process of the cluster (every descendant of this process:
-Redis, coordinator, beat, writer, build, ideate and GPU workers with their pool children; from
-/proc/<pid>/stat, reaped children's times included) over a zero-step-time run, per stored iteration; then,
-on the same Redis (flushed), the floor: bare Celery workers with croqq's Celery configuration and the same
-queues, pools, concurrency and prefetch as croqq's worker roles (beat has no counterpart), running as many
-chains as croqq had active shapes, with exactly the hops croqq's step ledger recorded per queue (each hop
-a task that only sends the next one; :func:`chain_plan`) and step messages of the same size (croqq's task
-names, step id, sid, kind and argsrepr as long as croqq's). The two alternate ``ROUNDS`` times and the
-least CPU of each counts (other load on a shared machine only ever adds). Reported: both per iteration,
-by part (the queue a process serves), their ratio, and a cProfile of the hottest croqq role in a third
-run (CPU time of its main thread, started and dumped by real-time signals through a ``sitecustomize``
-hook, so only the submission's window counts; the solo-pool writer runs its tasks in that thread). The
-floor's own parts also give a ceiling (:func:`floor_ceiling`, the ``cpu_floor_capacity_*`` figures): the
-fleet :func:`capacity_limits` would grant a croqq that did nothing but the floor's Celery hops.
-"""
+``cpu_cost(work)``: the CPU of every process of the cluster per stored iteration, against a floor of bare
+Celery workers with croqq's configuration, queues and pools running exactly the hops croqq's ledger
+recorded (:func:`chain_plan`), alternated ``ROUNDS`` times (least CPU counts); by part, their ratio, and a
+cProfile of the hottest croqq role (:func:`profile_roles`). :func:`floor_ceiling` is the fleet that the
+floor itself would be granted."""
 
 from __future__ import annotations
 
@@ -71,7 +35,8 @@ from typing import Any
 from croqq.patience import wait_until
 
 log = logging.getLogger(__name__)
-MODULE = "croqq.bench.capacity_bench"  # this module, also when run as __main__
+MODULE = "benchmarks.capacity_bench"  # this module, also when run as __main__
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: children import MODULE from it
 
 CADENCE_S = 10.0  # one measurement (one stored iteration) per GPU every 10 s
 HEADROOM = 0.5  # each part runs at most at half its budget
@@ -443,7 +408,7 @@ def writer_commit_s(work: Path) -> dict[str, float]:
     """Seconds per stored iteration of one commit each, for ``HOT_KEYS`` keys' next ``MEASURED`` iterations,
     on a repo of ``HISTORY_RUNS`` runs (GPU types) x 268 keys x ``HISTORY_DEPTH`` iterations (~100k), and on
     one holding only the hot keys' history (the same stream: the difference is the history's cost)."""
-    from croqq.bench.samples import sample_requests, schedule_keys
+    from tests.samples import sample_requests, schedule_keys
 
     keys = schedule_keys()
     gpus = [f"sm90_History_{i}" for i in range(HISTORY_RUNS)]
@@ -864,7 +829,12 @@ def run_floor(work: Path, server: Any, spec: dict[str, Any], timeout_s: float = 
     from croqq.settings import Settings
 
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CROQQ_BROKER_URL": server.url, FLOOR_ENV: json.dumps(spec)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": _pythonpath(),
+        "CROQQ_BROKER_URL": server.url,
+        FLOOR_ENV: json.dumps(spec),
+    }
     workers = floor_workers(spec["gpu_queues"])
     procs = []
     client = server.client()
@@ -912,6 +882,11 @@ def floor_spec(run: CroqqRun) -> dict[str, Any]:
         "step_id_len": run.step_id_len,
         "sid": run.sid,
     }
+
+
+def _pythonpath(*first: Path) -> str:
+    """PYTHONPATH for a child that imports this module: ``first``, the checkout, then the inherited one."""
+    return os.pathsep.join(filter(None, [*map(str, first), str(ROOT), os.environ.get("PYTHONPATH", "")]))
 
 
 # -- profiling one role ---------------------------------------------------------------------------
@@ -998,8 +973,8 @@ def profile_roles(work: Path, server: Any, roles: list[str], count: int = 12) ->
     (hook / "sitecustomize.py").write_text(f"from {MODULE} import profile_hook\n\nprofile_hook()\n")
     server.client().flushall()
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", PROFILE_ENV)}
-    path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH", "")]))
-    os.environ.update({"PYTHONPATH": path, PROFILE_ENV: str(out)})  # the children inherit this environment
+    # the children inherit this environment
+    os.environ.update({"PYTHONPATH": _pythonpath(hook), PROFILE_ENV: str(out)})
     try:
         pids = _profiled_run(cluster_env(work, server), roles, server)
     finally:
@@ -1137,5 +1112,5 @@ if __name__ == "__main__":
         entry = capacity if sys.argv[1] == "capacity" else cpu_cost
         print(json.dumps(entry(Path(sys.argv[2])), indent=2))
     else:
-        print("usage: python -m croqq.bench.capacity_bench capacity|cpu <work dir>", file=sys.stderr)
+        print("usage: python -m benchmarks.capacity_bench capacity|cpu <work dir>", file=sys.stderr)
         sys.exit(2)

@@ -1,18 +1,12 @@
-"""Source-level tuning benchmarks (the agent proposer).
+"""Source-level tuning with the agent proposer.
 
-- ``source_run``: the real local cluster (8 simulated GPUs) with the scripted reference agent as a real
-  jailed subprocess per IDEATE, ``shapes`` f16 + e4m3 shapes x ``iterations``, every candidate really
-  compiled by nvcc at IMPLEMENT (``CROQQ_SIM_COMPILE=nvcc``, so the scripted agent's broken edits fail
-  for real and only what compiled can be kept); what was stored, attempts by reason, how many candidates
-  were structural edits, and the fraction of stored best kernels (the registry files) that compile, with
-  nvcc for sm_90a, from a fresh ``git clone`` of the results repo alone (no include path, nothing of
-  croqq's checkout). Without nvcc the run uses the model's compile rules and the fraction is not measured.
-- ``overhead``: croqq's own time per IDEATE step around the agent (workspace build, reading the answer
-  back, the checks, the header closure and the content hash, removing the workspace) for a 2,000-line
-  kernel with a 100-iteration history, p50/p99; the same for the 20-line knob candidate (the baseline:
-  what the step costs without a big source), in the same run. The agent itself is replaced by writing
-  its answer directly, so its own time is not counted.
-"""
+- ``source_run``: a real local cluster with the scripted agent as a jailed subprocess per IDEATE and every
+  candidate compiled by nvcc, so broken edits fail for real; reports what was stored, attempts by reason,
+  structural edits, and the share of stored best kernels that compile from a bare ``git clone`` of the
+  results repo (not measured without nvcc).
+- ``overhead``: croqq's own time per IDEATE step around the agent (workspace, answer, checks, hash) for a
+  large kernel with a long history, against a small knob candidate in the same run; the agent itself is
+  replaced by writing its answer, so its time is not counted."""
 
 from __future__ import annotations
 
@@ -25,8 +19,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks.cluster_bench import _percentile
 from croqq.backends.toolchain import knob_candidate
-from croqq.bench.cluster_bench import _percentile
 from croqq.domain.knobs import compile_flags, include_resolver, seed_knobs
 from croqq.domain.manifest import load_manifest
 from croqq.domain.records import HistoryEntry, Idea

@@ -1,17 +1,11 @@
-"""Report benchmark: `croqq report` on a 268-shape, 8,040-iteration results repo (target <= 30 s, 2 cores).
+"""`croqq report` on a full results repo (every scheduled shape, 30 iterations each), as a user runs it.
 
-    python -m croqq.bench.report_bench <work dir>      # prints one JSON object; reuses <work dir>'s fixture
+    python -m benchmarks.report_bench <work dir>      # prints one JSON object; reuses <work dir>'s fixture
 
-The fixture goes through the real writer: ``croqq.bench.samples.sample_requests`` (the writer
-benchmark's record factory: baselines, KEEP/DISCARD/FAIL with confirmations, profiles, compile-failed
-attempts) for every key of the schedule, 30 iterations each (``max_iter`` 29: every shape completes and
-registers its best kernel), each request given what a real GPU worker adds (:func:`as_measured`: one of
-8 GPU UUIDs per shape, the baseline's cuBLAS TFLOPS, each GPU step's interval), one
-``ResultsWriter.apply`` per request. That takes minutes, so it is built once per work dir (a marker file
-beside it records its parameters). The figure is the wall time of ``python -m croqq report`` as a user
-runs it (a fresh interpreter: imports, reading, drawing, writing), best of ``ROUNDS``, pinned to two
-CPUs with ``taskset`` where the machine has more.
-"""
+The fixture goes through the real writer (:func:`tests.samples.sample_requests`, each request given what a
+GPU worker adds: :func:`as_measured`); it takes minutes, so it is built once per work dir. The figure is the
+wall time of ``python -m croqq report`` in a fresh interpreter, best of ``ROUNDS``, pinned to two CPUs
+where the machine has more."""
 
 from __future__ import annotations
 
@@ -27,10 +21,10 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from croqq.bench.samples import sample_requests, schedule_keys
 from croqq.store.gitrepo import GitRepo
 from croqq.store.schema import StoreRequest
 from croqq.store.writer import ResultsWriter
+from tests.samples import sample_requests, schedule_keys
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +149,7 @@ def run(work_dir: Path) -> dict[str, float]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m croqq.bench.report_bench <work dir>", file=sys.stderr)
+        print("usage: python -m benchmarks.report_bench <work dir>", file=sys.stderr)
         sys.exit(2)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(json.dumps(run(Path(sys.argv[1])), indent=2))

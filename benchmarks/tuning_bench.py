@@ -69,7 +69,7 @@ STRATEGIES = (
     *(f"optuna-{s}" for s in OPTUNA),
     *(f"kt-{s}" for s in KERNEL_TUNER),
 )
-LANDSCAPES = Path(__file__).resolve().parents[2] / "landscapes"
+LANDSCAPES = Path(__file__).resolve().parents[1] / "landscapes"
 DEFAULT_LANDSCAPE = LANDSCAPES / "xgemm_4096_rtx2080ti.kerneltuner.json.gz"
 
 

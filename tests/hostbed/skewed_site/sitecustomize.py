@@ -1,7 +1,7 @@
 """Imported by every Python process of a skewed host of the bed (``PYTHONPATH``; see
-:mod:`croqq.chaos.hostbed`): libfaketime 0.9.10 fakes the wall clock there but leaves the monotonic
-clock real, and then refuses ``clock_nanosleep(TIMER_ABSTIME)``, which ``time.sleep`` uses. This
-``time.sleep`` waits in ``select`` instead (on the same real monotonic clock)."""
+:mod:`tests.hostbed.bed`): libfaketime fakes the wall clock there but leaves the monotonic clock real, and
+then refuses ``clock_nanosleep(TIMER_ABSTIME)``, which ``time.sleep`` uses. This ``time.sleep`` waits in
+``select`` instead (on the same real monotonic clock)."""
 
 import select
 import time

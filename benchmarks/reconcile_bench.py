@@ -1,15 +1,9 @@
-"""Reconciliation benchmark: how long live state takes to agree with git again after Redis forgets.
+"""How long live state takes to agree with git again after Redis forgets.
 
-Setup: the writer benchmark's results repo shape (268 keys, 263 of them pre-filled to iteration 37 and 5
-to iteration 19; every shape active) on a fresh embedded Redis. Three figures, each one full
-:func:`croqq.work.reconcile.reconcile` pass over all 268 shapes:
-
-- ``reconcile_268_after_flush_s``: Redis emptied (FLUSHALL): every shape registered again from its
-  checkpoint, with its tried ideas and history;
-- ``reconcile_268_rewound_s``: Redis restored from a snapshot one iteration behind git for every shape:
-  every shape adopts the repo's loop;
-- ``reconcile_268_agreeing_s``: nothing to repair (the cost of the scheduled pass).
-"""
+On the writer benchmark's results repo with every shape active, one full
+:func:`croqq.work.reconcile.reconcile` pass each: after FLUSHALL (``reconcile_268_after_flush_s``), after
+Redis was restored one iteration behind git (``reconcile_268_rewound_s``), and with nothing to repair
+(``reconcile_268_agreeing_s``, the cost of the scheduled pass)."""
 
 from __future__ import annotations
 
@@ -18,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from croqq.bench import writer_bench
+from benchmarks import writer_bench
 from croqq.delivery import keys
 from croqq.delivery.redis_client import strs
 from croqq.processes.redis_server import RedisServer

@@ -8,8 +8,8 @@ the machine (``CROQQ_SIM_MACHINE``), not the hostname. Every host sees only its 
 through Redis over the bed's network. Each service runs under a restart loop, as a container's restart
 policy would run it.
 
-The tests in ``tests/multihost`` and ``python -m croqq.bench --only hosts`` use it: faults are injected
-on the bed (:mod:`croqq.chaos.hostbed`) by :mod:`croqq.chaos.fleet_faults`, which measures the time from a
+The tests in ``tests/multihost`` and ``python -m benchmarks --only hosts`` use it: faults are injected
+on the bed (:mod:`tests.hostbed.bed`) by :mod:`tests.hostbed.faults`, which measures the time from a
 fault to the next stored iteration of an affected shape.
 """
 
@@ -27,7 +27,6 @@ from pathlib import Path
 
 import redis
 
-from croqq.chaos.hostbed import Bed, Host, HostProcess
 from croqq.chaos.invariants import iteration_commits, repo_problems
 from croqq.delivery import keys
 from croqq.delivery.ledger import StepStatus
@@ -39,6 +38,7 @@ from croqq.patience import Deadline
 from croqq.placement import registry
 from croqq.settings import PROJECT_ROOT
 from croqq.work.progress import Snapshot, snapshot, submission_sids
+from tests.hostbed.bed import Bed, Host, HostProcess
 
 GPU_HOSTS = ("gpu1", "gpu2")
 SERVICES: dict[str, list[list[str]]] = {

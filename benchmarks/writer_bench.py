@@ -65,13 +65,13 @@ import sys
 import time
 from pathlib import Path
 
-from croqq.bench.samples import sample_requests, schedule_keys
 from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo, blob_id_of
 from croqq.store.load import load_state
 from croqq.store.render import commit_message
 from croqq.store.schema import StoreRequest
 from croqq.store.writer import ResultsWriter, StateCache, plan_changes
+from tests.samples import sample_requests, schedule_keys
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ SRC_ROOT = Path(__file__).resolve().parents[2]
 SWEEP_SCRIPT = """
 import sys, time
 from pathlib import Path
-from croqq.bench.samples import sample_requests, schedule_keys
+from tests.samples import sample_requests, schedule_keys
 from croqq.store.gitrepo import GitRepo
 from croqq.store.writer import ResultsWriter
 path, depth, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])

@@ -1,14 +1,9 @@
-"""What Celery's task events cost Redis (issue 11): the same short sweep with ``CROQQ_TASK_EVENTS`` off,
-on, and on with a Flower subscribed to them.
+"""What Celery's task events cost Redis: the same short sweep with ``CROQQ_TASK_EVENTS`` off, on, and
+on with a Flower subscribed.
 
-Each variant runs a real local cluster (``GPUS`` simulated GPUs, ``DEPTH`` shapes each, zero step time) on
-a fresh Redis of the product's configuration and stores ``SHAPES x (MAX_ITER + 1)`` iterations. Redis's
-own counters over the submission (INFO commandstats; total_net_input_bytes and total_net_output_bytes)
-give commands and bytes per stored iteration; then the idle cluster's rate over ``IDLE_S`` gives what
-events cost while nothing runs (every worker publishes an event heartbeat every 2 s). Events travel on
-Celery's ``celeryev`` fanout exchange, a Redis PUBLISH per event: without a subscriber they cost only the
-publishing; a subscribed Flower adds the bytes delivered to it (output bytes).
-"""
+Each variant runs a real local cluster on a fresh Redis of the product's configuration; Redis's own
+counters (INFO commandstats, network bytes) over the submission give commands and bytes per stored
+iteration, and the idle cluster's rate afterwards gives what events cost while nothing runs."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from croqq.bench.capacity_bench import _wait_stored, cluster_env
+from benchmarks.capacity_bench import _wait_stored, cluster_env
 
 log = logging.getLogger(__name__)
 GPUS, DEPTH, SHAPES, MAX_ITER = 4, 4, 16, 10

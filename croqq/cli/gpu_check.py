@@ -1,34 +1,33 @@
-"""`make gpu-check`: the real GPU path end to end, in one script (under 8 minutes on one H100/H200).
+"""`croqq gpu-check`: the real GPU path end to end on this host, one command (`make gpu-check`).
 
-1. builds the reference kernel of every dtype for three shapes (nvcc, in parallel);
-2. verifies each and measures it against cuBLAS on the same shape (the dense f16 ratio at 8192^3 is the
-   headline figure);
-3. measures one kernel 10 times and reports the spread (max/min of the medians);
-4. runs a 3-iteration tuning loop for one shape through the real cluster (local Redis, one GPU worker,
-   the writer) and prints its results.tsv.
-
-Prints tables and writes ``bench/gpu_check.json``. Without an NVIDIA GPU it says so and exits 2.
+It builds the reference kernel of every dtype for three shapes, verifies each and times it against cuBLAS
+on the same shape, measures one kernel repeatedly for the spread between measurements, and runs a short
+tuning loop through a real local cluster (Redis, one GPU worker, the writer). It prints tables and writes
+a JSON report. Simulated GPUs cannot show any of this, so without an NVIDIA GPU it refuses in one line.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import typer
 from rich.console import Console
 from rich.table import Table
 
-from croqq.backends._base import GpuContext
-from croqq.backends.cuda import CudaBackend, build_references
+from croqq.cli import app
+from croqq.cli.common import load_settings
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.shapes import Shape
-from croqq.probes.nvml import NvmlProbe, nvml_available
-from croqq.settings import PROJECT_ROOT, Settings
-from croqq.store.paths import RunPaths
+from croqq.errors import ConfigError, CroqqError
+
+if TYPE_CHECKING:  # the CUDA side loads only when the command runs
+    from croqq.backends._base import GpuContext
+    from croqq.backends.cuda import CudaBackend
 
 SHAPES = ((2048, 2048, 2048), (4096, 8192, 4096), (8192, 8192, 8192))
 SPREAD_RUNS = 10
@@ -36,6 +35,9 @@ LOOP_SHAPE, LOOP_ITERS = "4096x8192x4096", 3
 
 
 def _gpu(manifest: Manifest, console: Console) -> GpuContext:
+    from croqq.backends._base import GpuContext
+    from croqq.probes.nvml import NvmlProbe
+
     probe = NvmlProbe()
     info = probe.discover()[0]
     gpu_type = info.gpu_type
@@ -46,11 +48,13 @@ def _gpu(manifest: Manifest, console: Console) -> GpuContext:
 
 
 def _build_all(backend: CudaBackend) -> dict[tuple[str, tuple[int, int, int]], str]:
+    from croqq.backends.cuda import build_references
+
     out = {}
     for dims in SHAPES:
         for dtype, outcome in build_references(backend, dims).items():
             if not outcome.ok:
-                raise SystemExit(f"gpu-check: {dtype} {dims} does not build: {outcome.reason}")
+                raise CroqqError(f"the {dtype} reference kernel for {dims} does not build: {outcome.reason}")
             out[(dtype, dims)] = outcome.artifact
     return out
 
@@ -93,6 +97,7 @@ def _spread(backend: CudaBackend, gpu: GpuContext, artifact: str) -> dict[str, f
 
 def _tuning_loop(work: Path, build_dir: Path) -> list[str]:
     from croqq.processes.local import LocalCluster
+    from croqq.store.paths import RunPaths
 
     env = {
         "CROQQ_RUN_DIR": str(work / "run"),
@@ -139,12 +144,24 @@ def _print(
         console.print("  " + "  ".join(line.split("\t")[:6]))
 
 
-def main() -> None:
-    console = Console()
+@app.command("gpu-check")
+def gpu_check(
+    out: Path = typer.Option(Path("bench/gpu_check.json"), "--out", help="Where the JSON report goes."),
+) -> None:
+    """Check the real GPU path on this host, end to end: build every dtype's reference kernel for three
+    shapes (nvcc), verify each and time it against cuBLAS, measure the spread of repeated measurements of
+    one kernel, then run a 3-iteration tuning loop through a local cluster. Takes minutes; needs an
+    NVIDIA GPU with its driver and the CUDA compiler (without a GPU it exits 2 at once)."""
+    from croqq.backends.cuda import CudaBackend
+    from croqq.probes.nvml import nvml_available
+
     if not nvml_available():
-        console.print("gpu-check: no NVIDIA GPU found (NVML reports none); run it on a GPU host")
-        sys.exit(2)
-    settings = Settings(backend="cuda", probe="nvml")
+        raise ConfigError(
+            "no NVIDIA GPU found (NVML reports none): run gpu-check on a host with an NVIDIA GPU "
+            "and its driver"
+        )
+    console = Console()
+    settings = load_settings().model_copy(update={"backend": "cuda", "probe": "nvml"})
     manifest = load_manifest(settings.manifest)
     work = Path(tempfile.mkdtemp(prefix="croqq-gpu-check-"))
     build_dir = work / "build"
@@ -168,11 +185,6 @@ def main() -> None:
         "spread": spread,
         "tuning_loop_rows": loop,
     }
-    out = PROJECT_ROOT / "bench" / "gpu_check.json"
-    out.parent.mkdir(exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"f16 8192^3 / cuBLAS = {headline}; report in {out} ({report['seconds']} s)")
-
-
-if __name__ == "__main__":
-    main()

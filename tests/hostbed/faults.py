@@ -1,11 +1,9 @@
-"""Faults on a :class:`~croqq.chaos.fleet.Fleet`, each measured from the fault to the next stored iteration
-of an affected shape (a shape whose GPU step was running on the host hit; for the writer, any shape).
+"""Faults on a :class:`~tests.hostbed.fleet.Fleet`, each timed from the fault to the next stored iteration
+of an affected shape (one whose GPU step ran on the host hit; for the writer, any shape).
 
-Each scenario submits a small sweep, injects its fault at the moment the issue names, lets the fleet
-finish and returns a :class:`Outcome`: the recovery time, the submission, and what the scenario observed
-for its own assertions. The multi-host tests assert the promises (nothing lost or stored twice, the shapes
-continued) and ``python -m croqq.bench --only hosts`` repeats the scenarios for p50/max recovery times.
-"""
+A scenario submits a small sweep, injects its fault mid-step, lets the fleet finish and returns an
+:class:`Outcome` (recovery time, submission, what it observed). tests/multihost asserts the promises;
+``python -m benchmarks --only hosts`` repeats the scenarios for recovery times."""
 
 from __future__ import annotations
 
@@ -14,11 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from croqq.chaos.fleet import GPU_HOSTS, Fleet
 from croqq.delivery import clock, keys
 from croqq.delivery.redis_client import strs
 from croqq.patience import Deadline, wait_until
 from croqq.placement import registry
+from tests.hostbed.fleet import GPU_HOSTS, Fleet
 
 MAX_ITER = 5
 CUT_TRIES = 20

@@ -1,20 +1,11 @@
-"""Cluster benchmarks on the real local cluster (Redis server, Celery worker processes, git writer).
+"""Benchmarks on the real local cluster (Redis server, Celery worker processes, git writer).
 
-- ``sweep_seconds``: `submit --dtype all` (268 shapes x 30 iterations + baselines) on 8 simulated GPUs
-  with zero step time, from submission to the last STORE; ``overhead_ms_p50``/``_p99``: per iteration,
-  the wall time from the previous STORE of the shape (for its first, from when it got a GPU slot) to this
-  one minus the steps' own execution time (queueing behind the GPU's other shapes, messaging, ledger
-  transactions, git).
-- ``duty_cycle``: 2 simulated GPUs whose agents take minutes and vary a lot, as in real LLM-driven tuning:
-  the think time is lognormal with median 264 s and p90 15 min, build 20 s, measure 10 s (profile 15 s),
-  all time-scaled by 1/25; the fraction of wall time each GPU spends measuring or profiling (its busy
-  seconds as the GPU worker measured them, over the bench's wall seconds) over a steady window. The same
-  cluster runs twice in one invocation: today's fixed depth (``pipeline_depth`` 4 shapes per GPU) and the
-  adaptive depth (:mod:`croqq.placement.depth`); the depths the adaptive run chose are reported too, and
-  per GPU the share of the window's 1 s samples in which it had nothing running or queued (``starved``:
-  what depth fixes; the rest of its idle time is its worker's own per-step work, which grows when the
-  machine's CPUs are busy with other things).
-"""
+- ``sweep``: every scheduled shape on simulated GPUs with zero step time, from submission to the last
+  STORE, and croqq's overhead per iteration (wall time between a shape's STOREs minus its steps' own time);
+- ``recovery``: each worker kind killed mid-step, the time until the cluster stores again;
+- ``duty_cycle``: simulated GPUs whose agents think for long, widely varying times (time-scaled), the
+  share of wall time each GPU spends measuring, with a fixed pipeline depth and with the adaptive depth
+  (:mod:`croqq.placement.depth`) in one invocation, and how often a GPU had nothing to run (``starved``)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""Many hosts on one machine (:mod:`croqq.chaos.fleet`): recovery time per fault kind and the bytes each
+"""Many hosts on one machine (:mod:`tests.hostbed.fleet`): recovery time per fault kind and the bytes each
 iteration moves to and from Redis.
 
-Recovery is measured from the fault to the next stored iteration of an affected shape (a shape whose GPU
-step ran on the host hit; for the writer's partition, any shape), over ``repeats`` fresh fleets per kind;
-the partitions also from the heal. Targets (the issue's): <= 2x the lease TTL for everything but the
-partitions, <= the TTL after the heal for those.
-
-Bytes: Redis's own counters (``total_net_input_bytes`` + ``total_net_output_bytes``, every client of the
-fleet) over a clean sweep, per stored iteration, with and without the fleet's idle traffic (heartbeats,
-housekeeping, Celery's polling: measured for 10 s before the sweep, in the same run) and without the
-artifacts' bytes (counted by the artifact store), reported apart.
-"""
+Recovery runs from the fault (and, for partitions, from the heal) to the next stored iteration of an
+affected shape, over ``repeats`` fresh fleets per kind. Bytes come from Redis's own network counters over a
+clean sweep, per stored iteration, with the fleet's idle traffic (measured before the sweep in the same
+run) and the artifacts' bytes reported apart."""
 
 from __future__ import annotations
 
@@ -21,10 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from croqq.chaos import fleet_faults as faults
-from croqq.chaos.fleet import Fleet, FleetConfig
-from croqq.chaos.hostbed import bed_available, faketime_available
 from croqq.delivery import keys
+from tests.hostbed import faults
+from tests.hostbed.bed import bed_available, faketime_available
+from tests.hostbed.fleet import Fleet, FleetConfig
 
 log = logging.getLogger(__name__)
 TTL_S = 3.0

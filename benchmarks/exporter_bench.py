@@ -1,14 +1,8 @@
-"""The exporter's scrape time with a big fleet registered (issue 11: at most 100 ms with 64 GPUs).
+"""The exporter's scrape time with a big fleet registered.
 
-Setup, on a private Redis (the product's configuration, unix socket): ``GPUS`` GPUs registered through
-the GPU registry, all 268 shapes (``--dtype all``) submitted through the intake and placed on them (the
-summary hash, active sets, pending zset and step records a live sweep has), each GPU with busy seconds
-and a pipeline depth, the counters of a sweep ``ITERATIONS`` iterations in (decisions, attempts by
-reason, re-dispatches, lease expiries, quarantines), ``COMMITS`` commit times in the histogram and
-``AGENTS`` agents with calls, tokens and cost. Then ``SCRAPES`` scrapes of ``/metrics`` over HTTP
-(``croqq exporter``'s server in this process, prometheus-client's parser reading each reply); reported:
-the median and p90 of the wall time per scrape, in ms, and the number of samples in a scrape.
-"""
+A private Redis holds what a live sweep leaves there (``GPUS`` registered GPUs, every scheduled shape placed,
+counters, commit times, agents); ``SCRAPES`` scrapes of ``/metrics`` over HTTP give the median and p90 wall
+time per scrape and the number of samples in one."""
 
 from __future__ import annotations
 
@@ -41,7 +35,7 @@ from croqq.work.intake import Intake
 log = logging.getLogger(__name__)
 GPUS, ITERATIONS, COMMITS, AGENTS, SCRAPES = 64, 8000, 2000, 3, 200
 GPU_TYPE = "sm90_Simulated_H100_SXM"
-MANIFEST = Path(__file__).resolve().parents[2] / "kernels" / "manifest.json"
+MANIFEST = Path(__file__).resolve().parents[1] / "kernels" / "manifest.json"
 
 
 def populate(server: RedisServer, gpus: int = GPUS) -> int:

@@ -1,0 +1,144 @@
+"""`python -m benchmarks [--only PART,...] [--out bench/results.json]`: all benchmarks, or the parts named.
+The figures go to --out (JSON) and as one line to the history (benchmarks/history.jsonl: commit, date,
+machine, parts, figures). The tuning benchmark takes `[--landscape FILE ...] [--budgets 30,150]
+[--seeds N] [--json]` (`--json`: print only its report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import (
+    agent_bench,
+    capacity_bench,
+    cluster_bench,
+    events_bench,
+    exporter_bench,
+    history,
+    hosts_bench,
+    reconcile_bench,
+    redis_bench,
+    report_bench,
+    tuning_bench,
+    writer_bench,
+)
+from croqq.backends.landscape import load_landscape
+from croqq.errors import ConfigError
+from croqq.logs import configure
+
+log = logging.getLogger("benchmarks")
+
+Part = Callable[[Path, argparse.Namespace], dict[str, Any]]
+# name -> (what the log says it runs, the part: work folder and arguments -> figures), in running order
+PARTS: dict[str, tuple[str, Part]] = {
+    "writer": ("writer benchmark", lambda w, a: writer_bench.run(w)),
+    "sweep": ("control-plane sweep (every shape, 8 simulated GPUs)", lambda w, a: cluster_bench.sweep(w)),
+    "recovery": ("recovery (each worker kind killed mid-step)", lambda w, a: cluster_bench.recovery(w)),
+    "redis": (
+        "Redis restart (SIGKILLed mid-run under the supervisor)",
+        lambda w, a: redis_bench.redis_restart(w),
+    ),
+    "reconcile": ("reconciliation against git after Redis forgot", lambda w, a: reconcile_bench.run(w)),
+    "duty": ("GPU duty cycle (fixed vs adaptive depth)", lambda w, a: cluster_bench.duty_cycle(w)),
+    "source": (
+        "source-level run (scripted agent, real nvcc compiles)",
+        lambda w, a: agent_bench.source_run(w),
+    ),
+    "agent": ("agent overhead per IDEATE step", lambda w, a: agent_bench.overhead()),
+    "hosts": (
+        "multi-host (namespace hosts: fault recovery, bytes per iteration)",
+        lambda w, a: hosts_bench.run(w),
+    ),
+    "tuning": (
+        "tuning quality",
+        lambda w, a: {"tuning": tuning_bench.run(a.landscape, a.budgets, a.seeds)},
+    ),
+    "capacity": (
+        "fleet capacity (Redis commands/bytes/CPU per iteration)",
+        lambda w, a: capacity_bench.capacity(w),
+    ),
+    "cpu": (
+        "control-plane CPU per stored iteration vs a bare Celery floor",
+        lambda w, a: capacity_bench.cpu_cost(w),
+    ),
+    "events": ("task events' cost to Redis", lambda w, a: events_bench.events_cost(w)),
+    "report": ("croqq report on a full results repo", lambda w, a: report_bench.run(w)),
+    "exporter": ("exporter scrape time", lambda w, a: exporter_bench.run(w)),
+}
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument(
+        "--only", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS)
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench/results.json"), help="this run's figures")
+    parser.add_argument(
+        "--history", type=Path, default=history.HISTORY, help="JSONL file that gets one line per run"
+    )
+    parser.add_argument(
+        "--landscape",
+        type=Path,
+        action="append",
+        help="tuning: a recorded landscape (Kernel Tuner cache file, JSON or gzipped JSON), repeatable "
+        f"(default: {tuning_bench.DEFAULT_LANDSCAPE.relative_to(tuning_bench.LANDSCAPES.parent)})",
+    )
+    parser.add_argument("--budgets", default="30,150", help="tuning: measured configurations per run")
+    parser.add_argument("--seeds", type=int, default=20, help="tuning: runs per recorded landscape")
+    parser.add_argument("--json", action="store_true", help="tuning: print only the tuning report (JSON)")
+    args = parser.parse_args()
+    args.parts = [p for p in args.only.split(",") if p]
+    unknown = sorted(set(args.parts) - set(PARTS))
+    if unknown or not args.parts:
+        parser.error(f"--only {args.only!r}: unknown benchmark(s) {unknown}; choose from {', '.join(PARTS)}")
+    try:
+        args.budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
+    except ValueError:
+        parser.error(f"--budgets {args.budgets!r}: give comma-separated whole numbers, e.g. 30,150")
+    if not args.budgets or min(args.budgets) < 2 or args.seeds < 1:
+        parser.error("--budgets must be whole numbers >= 2 and --seeds at least 1")
+    args.landscape = args.landscape or [tuning_bench.DEFAULT_LANDSCAPE]
+    for path in args.landscape:
+        try:
+            load_landscape(path)
+        except ConfigError as exc:
+            parser.error(str(exc))
+    return args
+
+
+def run_parts(
+    names: list[str], args: argparse.Namespace, parts: dict[str, tuple[str, Part]] = PARTS
+) -> dict[str, Any]:
+    """Run the parts named, in the table's order, each in its own folder of a scratch directory."""
+    figures: dict[str, Any] = {}
+    work = Path(tempfile.mkdtemp(prefix="croqq-bench-"))
+    try:
+        for name, (what, part) in parts.items():
+            if name in names:
+                log.info("%s: %s ...", name, what)
+                figures |= part(work / name, args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return figures
+
+
+def main() -> None:
+    args = _args()
+    configure("INFO")
+    figures = run_parts(args.parts, args)
+    line = history.append(args.history, args.parts, figures)
+    results = {key: line[key] for key in ("commit", "dirty", "date", "machine", "cpus")} | figures
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    log.info("figures in %s; one line appended to %s", args.out, args.history)
+    print(json.dumps(results["tuning"] if args.json and "tuning" in results else results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,1 +1,0 @@
-"""Benchmarks and their sample data (run them with ``python -m croqq.bench.<name>``)."""
