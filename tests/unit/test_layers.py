@@ -37,7 +37,6 @@ RANK = {
     "__main__": 10,  # `python -m croqq`: the CLI
 }
 FORBIDDEN = ("croqq.bench", "tests", "benchmarks")  # tooling lives beside the package, never in it
-LEAVING = {"bench"}  # moves out to benchmarks/: not a layer (and nothing may import it)
 
 
 def imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -64,8 +63,6 @@ def violations(root: Path) -> list[str]:
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent)
         source = rel.parts[1].removesuffix(".py")
-        if source in LEAVING:
-            continue
         for line, module in imports(path):
             where = f"{rel}:{line}"
             if any(module == name or module.startswith(f"{name}.") for name in FORBIDDEN):
