@@ -32,6 +32,7 @@ from croqq.proposers.agent.presets import AgentRun
 from croqq.proposers.agent.proposer import AgentProposer
 from croqq.settings import Settings
 from croqq.work import stats
+from tests.localenv import run_dirs
 
 log = logging.getLogger(__name__)
 KERNEL_LINES = 2000
@@ -42,8 +43,7 @@ def source_run(work: Path, shapes: int = 8, iterations: int = 6) -> dict[str, ob
     real = shutil.which("nvcc") is not None  # every candidate really compiled at IMPLEMENT (sim_compile=nvcc)
     env = {
         "CROQQ_SIM_COMPILE": "nvcc" if real else "model",
-        "CROQQ_RUN_DIR": str(work / "run"),
-        "CROQQ_RESULTS_REPO": str(work / "results"),
+        **run_dirs(work),
         "CROQQ_SIM_GPUS": "8",
         "CROQQ_TIME_SCALE": "0",
         "CROQQ_PROPOSER": "agent",

@@ -17,6 +17,7 @@ from croqq.chaos.invariants import repo_problems, stored_iterations
 from croqq.delivery import keys
 from croqq.processes.local import REDIS, LocalCluster
 from croqq.processes.supervise import RESTART_BACKOFF_S, STABLE_S
+from tests.localenv import run_dirs
 
 log = logging.getLogger(__name__)
 SHAPES, MAX_ITER = 48, 30
@@ -27,8 +28,7 @@ RECOVERY_TIMEOUT_S = 120.0
 def _env(work: Path, ttl_s: float) -> dict[str, str]:
     return {
         "CROQQ_BROKER_URL": "",
-        "CROQQ_RUN_DIR": str(work / "run"),
-        "CROQQ_RESULTS_REPO": str(work / "results"),
+        **run_dirs(work),
         "CROQQ_SIM_GPUS": "4",
         "CROQQ_PIPELINE_DEPTH": "4",
         "CROQQ_LEASE_TTL_S": str(ttl_s),

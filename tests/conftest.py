@@ -8,14 +8,13 @@ tests can ``kill()`` it and ``start()`` it again on the same socket and data.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 from croqq.processes.redis_server import RedisServer
+from tests.localenv import FAST_RECOVERY, run_croqq, run_dirs
 
 
 @pytest.fixture(scope="session")
@@ -43,15 +42,10 @@ def cluster_env(tmp_path, redis_server, redis_client):  # type: ignore[no-untype
     """CROQQ_* settings for a small, fast local cluster on the test's (emptied) Redis and a fresh repo."""
     return {
         "CROQQ_BROKER_URL": redis_server.url,
-        "CROQQ_RUN_DIR": str(tmp_path / "run"),
-        "CROQQ_RESULTS_REPO": str(tmp_path / "results"),
+        **run_dirs(tmp_path),
         "CROQQ_SIM_GPUS": "2",
         "CROQQ_PIPELINE_DEPTH": "2",
-        "CROQQ_LEASE_TTL_S": "3",
-        "CROQQ_RECONCILE_EVERY_S": "0.5",
-        "CROQQ_HEALTH_WAIT_S": "2",
-        "CROQQ_GPU_OFFLINE_S": "8",
-        "CROQQ_RECHECK_EVERY_S": "2",
+        **FAST_RECOVERY,
         "CROQQ_TEST_BARRIERS": "true",
     }
 
@@ -68,7 +62,6 @@ def short_tmp():  # type: ignore[no-untyped-def]
     shutil.rmtree(path, ignore_errors=True)
 
 
-ROOT = Path(__file__).resolve().parents[1]
 CroqqCli = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
@@ -79,15 +72,4 @@ def croqq() -> CroqqCli:
     stderr). ``timeout``: wall seconds before it is killed (a whole ``croqq up --exit-when-done`` needs
     more than a quick command)."""
 
-    def run(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "croqq", *args],
-            check=False,
-            env={"PATH": "/usr/bin:/bin", **env},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=ROOT,
-        )
-
-    return run
+    return run_croqq

@@ -250,38 +250,30 @@ def store_families(r: Reading) -> Iterator[Metric]:
         )
 
 
-def agent_families(r: Reading) -> Iterator[Metric]:
-    """Per agent: calls, consecutive failures, call seconds, tokens, cost."""
-    a = r.agents
-    yield _counter(
-        "croqq_agent_calls",
-        "Proposer calls of the agent.",
-        ["agent"],
-        (([n], _num(h, "calls")) for n, h in a.items()),
-    )
-    yield _gauge(
+# One series per agent, read from its health hash: (family, name, help, the hash's field).
+_AGENT_SERIES = (
+    (_counter, "croqq_agent_calls", "Proposer calls of the agent.", "calls"),
+    (
+        _gauge,
         "croqq_agent_consecutive_failures",
         "The agent's failed calls in a row (it is backed off past CROQQ_AGENT_BACKOFF_AFTER).",
-        ["agent"],
-        (([n], _num(h, "failures")) for n, h in a.items()),
-    )
-    yield _counter(
-        "croqq_agent_call_seconds",
-        "Wall seconds spent in the agent's calls.",
-        ["agent"],
-        (([n], _num(h, "wall_s")) for n, h in a.items()),
-    )
+        "failures",
+    ),
+    (_counter, "croqq_agent_call_seconds", "Wall seconds spent in the agent's calls.", "wall_s"),
+    (_counter, "croqq_agent_cost_dollars", "US dollars the agent reported spending.", "cost_usd"),
+)
+
+
+def agent_families(r: Reading) -> Iterator[Metric]:
+    """Per agent: calls, consecutive failures, call seconds, cost, tokens."""
+    a = r.agents
+    for family, name, doc, field in _AGENT_SERIES:
+        yield family(name, doc, ["agent"], (([n], _num(h, field)) for n, h in a.items()))
     yield _counter(
         "croqq_agent_tokens",
         "Tokens the agent reported, by kind (input, output).",
         ["agent", "kind"],
         (([n, kind], _num(h, f"{kind}_tokens")) for n, h in a.items() for kind in ("input", "output")),
-    )
-    yield _counter(
-        "croqq_agent_cost_dollars",
-        "US dollars the agent reported spending.",
-        ["agent"],
-        (([n], _num(h, "cost_usd")) for n, h in a.items()),
     )
 
 

@@ -153,25 +153,27 @@ def select_runs(repo: GitRepo, sel: Selection) -> list[tuple[str, str, list[str]
     return out
 
 
+# The fields of ShapeData its checkpoint gives as they are.
+_FROM_CHECKPOINT = {
+    "key",
+    "dtype",
+    "m",
+    "n",
+    "k",
+    "status",
+    "current_iter",
+    "max_iter",
+    "baseline_tflops",
+    "best_tflops",
+}
+
+
 def _shape(repo: GitRepo, gpu: str, dsl: str, key: str) -> ShapeData | None:
     ckpt = load.load_checkpoint(repo, gpu, dsl, key)
     rounds = load.load_rounds(repo, gpu, dsl, key)
     if ckpt is None or not rounds:
         return None
-    shape = ShapeData(
-        gpu=gpu,
-        dsl=dsl,
-        key=key,
-        dtype=ckpt.dtype,
-        m=ckpt.m,
-        n=ckpt.n,
-        k=ckpt.k,
-        status=ckpt.status,
-        current_iter=ckpt.current_iter,
-        max_iter=ckpt.max_iter,
-        baseline_tflops=ckpt.baseline_tflops,
-        best_tflops=ckpt.best_tflops,
-    )
+    shape = ShapeData(gpu=gpu, dsl=dsl, **ckpt.model_dump(include=_FROM_CHECKPOINT))
     for rnd in rounds:
         _add_round(shape, rnd)
     for att in load.load_attempts(repo, gpu, dsl, key):

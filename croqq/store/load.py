@@ -121,16 +121,18 @@ def list_runs(repo: GitRepo) -> list[tuple[str, str]]:
     ]
 
 
-def load_submissions(repo: GitRepo, gpu: str, dsl: str) -> list[SubmissionRecord]:
-    path = paths.RunPaths(gpu, dsl).submissions
+def _read_jsonl(repo: GitRepo, path: str, model: type[M]) -> list[M]:
+    """The records of one JSON-lines file at the branch tip; none where the file does not exist yet."""
     data = repo.read(path)
-    return parse_jsonl(data, SubmissionRecord, path) if data is not None else []
+    return parse_jsonl(data, model, path) if data is not None else []
+
+
+def load_submissions(repo: GitRepo, gpu: str, dsl: str) -> list[SubmissionRecord]:
+    return _read_jsonl(repo, paths.RunPaths(gpu, dsl).submissions, SubmissionRecord)
 
 
 def load_ideas(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[IdeaEntry]:
-    path = paths.RunPaths(gpu, dsl).ideas(key)
-    data = repo.read(path)
-    return parse_jsonl(data, IdeaEntry, path) if data is not None else []
+    return _read_jsonl(repo, paths.RunPaths(gpu, dsl).ideas(key), IdeaEntry)
 
 
 def tried_hashes(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[str]:
@@ -142,12 +144,8 @@ def tried_hashes(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[str]:
 
 
 def load_rounds(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[RoundRecord]:
-    path = paths.RunPaths(gpu, dsl).rounds_raw(key)
-    data = repo.read(path)
-    return parse_jsonl(data, RoundRecord, path) if data is not None else []
+    return _read_jsonl(repo, paths.RunPaths(gpu, dsl).rounds_raw(key), RoundRecord)
 
 
 def load_attempts(repo: GitRepo, gpu: str, dsl: str, key: str) -> list[AttemptRecord]:
-    path = paths.RunPaths(gpu, dsl).attempts(key)
-    data = repo.read(path)
-    return parse_jsonl(data, AttemptRecord, path) if data is not None else []
+    return _read_jsonl(repo, paths.RunPaths(gpu, dsl).attempts(key), AttemptRecord)

@@ -105,18 +105,11 @@ class Intake:
             loop = loop_from_checkpoint(ckpt, self.settings, msg.max_iter, load_best_source(repo, ckpt))
             outcome = "skipped" if loop.phase == Phase.DONE else "resumed"
         state = ShapeState(
+            **entry.model_dump(),
             sid=sid,
             gpu_type=msg.gpu_type,
             dsl=msg.dsl,
-            key=entry.key,
-            dtype=entry.dtype,
-            m=entry.m,
-            n=entry.n,
-            k=entry.k,
             mode=ckpt.mode if ckpt else msg.mode,
-            scenarios=entry.scenarios,
-            region=entry.region,
-            rank=entry.rank,
             loop=loop,
             needs_rebase=loop.current_iter >= 0,
         )
@@ -190,14 +183,7 @@ class Intake:
             ]
             if not missing:
                 continue
-            msg = SubmitMessage(
-                submission=rec.submission,
-                gpu_type=rec.gpu_type,
-                dsl=rec.dsl,
-                mode=rec.mode,
-                max_iter=rec.max_iter,
-                shapes=missing,
-            )
+            msg = SubmitMessage(**rec.model_dump(exclude={"shapes", "timestamp"}), shapes=missing)
             for entry in missing:
                 self._register(make_sid(rec.gpu_type, rec.dsl, entry.key), entry, msg, repo)
             count += len(missing)
@@ -227,13 +213,8 @@ class Intake:
                 if ckpt is None:
                     continue
                 entry = ranks.get(key) or ScheduledShape(
+                    **ckpt.model_dump(include={"dtype", "m", "n", "k", "scenarios", "region"}),
                     key=key,
-                    dtype=ckpt.dtype,
-                    m=ckpt.m,
-                    n=ckpt.n,
-                    k=ckpt.k,
-                    scenarios=ckpt.scenarios,
-                    region=ckpt.region,
                     rank=len(ranks),
                 )
                 msg = SubmitMessage(
@@ -264,17 +245,7 @@ def record_submissions(client: redis.Redis, writer: ResultsWriter) -> int:
         if raw is None:
             continue
         msg = SubmitMessage.model_validate_json(raw)
-        records.append(
-            SubmissionRecord(
-                submission=msg.submission,
-                gpu_type=msg.gpu_type,
-                dsl=msg.dsl,
-                mode=msg.mode,
-                max_iter=msg.max_iter,
-                shapes=list(msg.shapes),
-                timestamp=now_iso(),
-            )
-        )
+        records.append(SubmissionRecord(**msg.model_dump(), timestamp=now_iso()))
     writer.record_submissions(records)
     pipe = client.pipeline()
     pipe.zrem(keys.UNRECORDED, *ids)

@@ -37,30 +37,30 @@ def run_command(state: ShapeState, kernel: str) -> str:
     return f"croqq measure --gpu {state.gpu_type} --key {state.key} --source {kernel}"
 
 
+# What a checkpoint keeps of the shape and of its loop, field for field (the loop's counters and best so far).
+_SHAPE_FIELDS = {"key", "dtype", "m", "n", "k", "mode", "scenarios", "region"}
+_LOOP_FIELDS = {
+    "current_iter",
+    "best_iter",
+    "best_tflops",
+    "baseline_tflops",
+    "best_knobs",
+    "seed_knobs",
+    "consecutive_discards",
+    "attempts",
+    "keeps",
+    "fails",
+}
+
+
 def _checkpoint(manifest: Manifest, state: ShapeState, loop: Loop, status: str) -> Checkpoint:
     best_kernel = _src_path(manifest, state, loop.best_iter, loop.best_tag) if loop.best_iter >= 0 else ""
     return Checkpoint(
-        key=state.key,
-        dtype=state.dtype,
-        m=state.m,
-        n=state.n,
-        k=state.k,
-        mode=state.mode,
+        **state.model_dump(include=_SHAPE_FIELDS),
+        **loop.model_dump(include=_LOOP_FIELDS),
         max_iter=loop.max_iter,
-        current_iter=loop.current_iter,
-        best_iter=loop.best_iter,
-        best_tflops=loop.best_tflops,
-        baseline_tflops=loop.baseline_tflops,
         best_kernel=best_kernel,
-        best_knobs=loop.best_knobs,
-        seed_knobs=loop.seed_knobs,
-        consecutive_discards=loop.consecutive_discards,
-        attempts=loop.attempts,
-        keeps=loop.keeps,
-        fails=loop.fails,
         status=status,
-        scenarios=state.scenarios,
-        region=state.region,
         last_updated=now_iso(),
     )
 
@@ -181,21 +181,12 @@ def loop_from_checkpoint(
     ``best_source``: the best kernel's source read back by the writer (``store.load.load_best_source``)."""
     limit = max(max_iter or ckpt.max_iter, ckpt.max_iter)
     base = Loop(
+        **ckpt.model_dump(include=_LOOP_FIELDS),
         best_source=best_source,
+        best_tag=_tag_of(ckpt.best_kernel),
         max_iter=limit,
         profile_every=settings.profile_every,
         noise_margin=settings.noise_margin,
-        current_iter=ckpt.current_iter,
-        best_iter=ckpt.best_iter,
-        best_tflops=ckpt.best_tflops,
-        baseline_tflops=ckpt.baseline_tflops,
-        best_knobs=ckpt.best_knobs,
-        seed_knobs=ckpt.seed_knobs,
-        best_tag=_tag_of(ckpt.best_kernel),
-        consecutive_discards=ckpt.consecutive_discards,
-        attempts=ckpt.attempts,
-        keeps=ckpt.keeps,
-        fails=ckpt.fails,
     )
     if ckpt.current_iter < 0:
         return base

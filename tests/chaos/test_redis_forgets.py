@@ -9,6 +9,7 @@ clean and no shape's history reset.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -84,6 +85,15 @@ def env(cluster_env: dict[str, str], forgetful: ForgetfulRedis) -> dict[str, str
     }
 
 
+@contextlib.contextmanager
+def tuning(env: dict[str, str]) -> Iterator[LocalCluster]:
+    """A local cluster on ``env``, its GPUs up and the test's submission (SHAPES f16 shapes) sent."""
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+        yield cluster
+
+
 def stored(client: redis.Redis) -> int:
     try:
         return int(client.hget(keys.STATS, "stored") or 0)
@@ -148,9 +158,7 @@ def test_redis_with_appendfsync_no_killed_under_load_loses_its_tail_and_nothing_
 ) -> None:
     client = forgetful.client(retries=10)
     lost = 0
-    with LocalCluster(env) as cluster:
-        cluster.wait_gpus()
-        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+    with tuning(env) as cluster:
         for _ in range(3):
             wait_stored(cluster, client, 6)
             on_disk = forgetful.aof_size()  # what a power loss now would keep ...
@@ -167,9 +175,7 @@ def test_redis_restored_from_an_old_snapshot_catches_up_with_git(
     env: dict[str, str], forgetful: ForgetfulRedis, tmp_path: Path
 ) -> None:
     client = forgetful.client(retries=10)
-    with LocalCluster(env) as cluster:
-        cluster.wait_gpus()
-        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+    with tuning(env) as cluster:
         wait_stored(cluster, client, 8)
         before = stored(client)  # the writer goes on storing: SAVE lands between these two reads
         client.save()
@@ -191,9 +197,7 @@ def test_redis_flushall_mid_run_rebuilds_every_submitted_shape_from_git(
 ) -> None:
     client = forgetful.client(retries=10)
     one_each = {"CROQQ_PIPELINE_DEPTH_MODE": "fixed", "CROQQ_PIPELINE_DEPTH": "1"}  # 3 shapes at a time
-    with LocalCluster(env | one_each) as cluster:
-        cluster.wait_gpus()
-        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+    with tuning(env | one_each) as cluster:
         wait_stored(cluster, client, 3)  # some shapes have not even started: only the submission has them
         assert client.hlen(keys.SUMMARY) == SHAPES
         started = sum(1 for v in client.hvals(keys.SUMMARY) if json.loads(v)["current_iter"] >= 0)
@@ -208,9 +212,7 @@ def test_git_losing_its_last_commits_rewinds_the_live_loops_instead_of_parking_t
 ) -> None:
     client = forgetful.client(retries=10)
     repo = Path(env["CROQQ_RESULTS_REPO"])
-    with LocalCluster(env) as cluster:
-        cluster.wait_gpus()
-        cluster.submit("f16", max_iter=ITERS, limit=SHAPES)
+    with tuning(env) as cluster:
         wait_stored(cluster, client, 16)
     # a power loss took the writer's last commits with it (Redis, fsynced, kept what they did)
     subprocess.run(["git", "-C", str(repo), "update-ref", "refs/heads/main", "HEAD~5"], check=True)

@@ -23,10 +23,10 @@ import pytest
 from croqq.chaos.invariants import repo_problems, stored_iterations
 from croqq.patience import Deadline, wait_until
 from croqq.store.paths import RunPaths
+from tests.localenv import FAST_RECOVERY, ROOT, run_croqq, run_dirs
 from tests.output import error_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
-ROOT = Path(__file__).resolve().parents[2]
 RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
 PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
 SHAPES, MAX_ITER = 8, 15
@@ -37,14 +37,9 @@ KINDS = {"redis", "coordinator", "writer", "beat", "build-worker", "ideate-worke
 def up_env(root: Path) -> dict[str, str]:
     return {
         "PATH": "/usr/bin:/bin",
-        "CROQQ_RUN_DIR": str(root / "run"),
-        "CROQQ_RESULTS_REPO": str(root / "results"),
+        **run_dirs(root),
         "CROQQ_PIPELINE_DEPTH": "2",
-        "CROQQ_LEASE_TTL_S": "3",
-        "CROQQ_RECONCILE_EVERY_S": "0.5",
-        "CROQQ_HEALTH_WAIT_S": "2",
-        "CROQQ_GPU_OFFLINE_S": "8",
-        "CROQQ_RECHECK_EVERY_S": "2",
+        **FAST_RECOVERY,
         "CROQQ_TIME_SCALE": "0.02",  # ~2 s per iteration and shape: 128 iterations take about a minute
     }
 
@@ -140,15 +135,7 @@ def assert_nothing_lost(root: Path, max_iter: int = MAX_ITER) -> None:
     assert all(e["status"] == "done" for e in state.values()), state
     ckpts = [json.loads((repo / PATHS.checkpoint(k)).read_text()) for k in state]
     assert all(c["current_iter"] == max_iter for c in ckpts), ckpts
-    done = subprocess.run(
-        [sys.executable, "-m", "croqq", "validate", "--dsl", "all"],
-        env=up_env(root),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_croqq(up_env(root), "validate", "--dsl", "all")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -261,15 +248,7 @@ def test_a_second_croqq_up_on_a_live_run_folder_is_refused(short_tmp: Path) -> N
             return any("croqq cluster up" in line for line in list(lines))
 
         wait_until(cluster_up, 300, "the first croqq up to say `croqq cluster up`")
-        second = subprocess.run(
-            [sys.executable, "-m", "croqq", "up", "--sim-gpus", "1"],
-            env=up_env(short_tmp),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        second = run_croqq(up_env(short_tmp), "up", "--sim-gpus", "1", timeout=300)
         refused = error_line(second.stderr)
         assert second.returncode == 2, second.stderr
         assert f"already runs in {short_tmp / 'run'} (croqq up pid {first.pid})" in refused

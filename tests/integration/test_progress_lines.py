@@ -16,6 +16,7 @@ import pytest
 
 from croqq.patience import wait_until
 from croqq.processes.redis_server import RedisServer
+from tests.localenv import run_dirs
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +30,7 @@ LINE = re.compile(
 def _env(root: Path) -> dict[str, str]:
     return {
         "PATH": "/usr/bin:/bin",
-        "CROQQ_RUN_DIR": str(root / "run"),
-        "CROQQ_RESULTS_REPO": str(root / "results"),
+        **run_dirs(root),
         "CROQQ_PIPELINE_DEPTH": "2",
         "CROQQ_TIME_SCALE": "0.02",
         "CROQQ_PROGRESS_EVERY_S": "1",
