@@ -19,7 +19,7 @@ fields and the idea's source emptied): those are stored once, in perf/ and srcs/
 make every append to a shape's history several times larger.
 
 state.json (all shapes of a run) is kept parsed in memory, keyed by its blob id at the tip, so a commit
-does not re-parse 268 entries; a foreign change of the file is noticed by its id and re-read. A STORE
+does not re-parse every entry; a foreign change of the file is noticed by its id and re-read. A STORE
 that leaves every entry as it was (a compile-failed attempt: the entry has no attempt count) does not
 rewrite it, and no commit writes a file, or a folder, whose bytes are the tip's already
 (``croqq.store._objects.Trees``). All reads come from the branch tip, never the working tree.
