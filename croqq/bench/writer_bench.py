@@ -86,9 +86,11 @@ GROUP = 2500
 SEED = 7
 ROUNDS = 3
 SWEEP_DEPTH = 30
-DEEP_COLD_DEPTH = 380  # 263 keys x 380 + 100 hot = 100,040 iterations
+DEEP_COLD_DEPTH = int(os.environ.get("CROQQ_BENCH_DEEP_DEPTH", "380"))  # 263 x 380 + 100 = 100,040 iters
 SYNTH_KEYS_PER_COMMIT = 8
-BASELINE_COMMIT = "8282fdc"  # the writer before compaction (issue 12 part 5)
+KILLS = 20
+COMMITS_PER_KILL = 5
+BASELINE_COMMIT = "d31e09a"  # the writer that merged its own packs in Python, before git's repack
 SRC_ROOT = Path(__file__).resolve().parents[2]
 SWEEP_SCRIPT = """
 import sys, time
@@ -104,6 +106,22 @@ for req in requests:
     writer.apply(req)
 writer.close()
 print(time.perf_counter() - started, sum(r.kind == "iteration" for r in requests), len(requests))
+"""
+KILL_SCRIPT = """
+import sys
+from pathlib import Path
+from croqq.bench.samples import sample_requests, schedule_keys
+from croqq.store.gitrepo import GitRepo
+from croqq.store.writer import ResultsWriter
+path, stores = Path(sys.argv[1]), int(sys.argv[2])
+writer = ResultsWriter(GitRepo(path, sync_worktree=False))
+for req in sample_requests(sys.argv[3], sys.argv[4], schedule_keys()[:8], 150, 5):
+    if not writer.apply(req).duplicate:
+        print("stored", flush=True)
+        stores -= 1
+        if stores == 0:
+            break
+writer.close()
 """
 DEPTH_SCRIPT = """
 import importlib.util, json, sys
@@ -159,16 +177,25 @@ def _copy(src: Path, dst: Path, link: bool = True) -> Path:
 
 
 def _best_writer(
-    src: Path, copy: Path, requests: list[StoreRequest], sync: bool, fsync: bool = True
+    src: Path, copy: Path, requests: list[StoreRequest], sync: bool, fsync: bool = True, loose: bool = False
 ) -> dict[str, float]:
     """The best of ROUNDS runs, each on a fresh copy of ``src``."""
-    runs = [_time_writer(_copy(src, copy), requests, sync, fsync) for _ in range(ROUNDS)]
+    runs = [_time_writer(_copy(src, copy), requests, sync, fsync, loose) for _ in range(ROUNDS)]
     shutil.rmtree(copy, ignore_errors=True)
     return min(runs, key=lambda r: r["commit_ms_mean"])
 
 
-def _time_writer(path: Path, requests: list[StoreRequest], sync: bool, fsync: bool) -> dict[str, float]:
-    repo = GitRepo(path, sync_worktree=sync, fsync=fsync)
+class _LooseRepo(GitRepo):
+    """The writer with loose objects (libgit2's object database) instead of one pack per commit."""
+
+    def _packable(self) -> bool:
+        return False
+
+
+def _time_writer(
+    path: Path, requests: list[StoreRequest], sync: bool, fsync: bool, loose: bool = False
+) -> dict[str, float]:
+    repo = (_LooseRepo if loose else GitRepo)(path, sync_worktree=sync, fsync=fsync)
     writer = ResultsWriter(repo)
     times = []
     cpu = time.process_time()
@@ -358,6 +385,7 @@ def _sweep(path: Path, src: Path) -> dict[str, float]:
         "sources_bytes_per_iter": round(kinds["sources"] / iters),
         "perf_bytes_per_iter": round(kinds["perf"] / iters),
         "commit_ms_mean": round(1e3 * float(seconds) / int(requests), 2),
+        "iters_per_s": round(iters / float(seconds), 1),
         "iterations": iters,
     }
 
@@ -439,6 +467,9 @@ def _depth_figures(work_dir: Path) -> dict[str, float]:
         best = _best_writer(repo, copy, measured, False)
         out[f"compact_commit_ms_at_{name}"] = round(best["commit_ms_mean"], 2)
         out[f"compact_commit_cpu_ms_at_{name}"] = round(best["commit_cpu_ms_mean"], 2)
+        if name != "100k":  # the same stream with loose objects instead of the per-commit pack
+            loose = _best_writer(repo, copy, measured, False, loose=True)
+            out[f"compact_commit_ms_at_{name}_loose"] = round(loose["commit_ms_mean"], 2)
         shutil.rmtree(repo, ignore_errors=True)
     out["compact_ratio_10k_over_100"] = round(
         out["compact_commit_ms_at_10k"] / out["compact_commit_ms_at_100"], 2
@@ -465,7 +496,48 @@ def compaction(work_dir: Path, baseline_src: Path | None = None) -> dict[str, fl
     figures |= _depth_figures(work_dir / "depth")
     log.info("commit time at depth with the writer of %s", baseline_src or _baseline_src(work_dir))
     baseline = _baseline_depth(work_dir / "baseline-depth", baseline_src or _baseline_src(work_dir))
-    return figures | {"baseline_" + name: value for name, value in baseline.items()}
+    figures |= {"baseline_" + name: value for name, value in baseline.items()}
+    for prefix, src in (("", SRC_ROOT), ("baseline_", baseline_src or _baseline_src(work_dir))):
+        log.info(
+            "%sSIGKILLed writers: %d x %d STOREs with the writer of %s", prefix, KILLS, COMMITS_PER_KILL, src
+        )
+        figures |= {
+            prefix + name: value for name, value in _killed_writers(work_dir / f"{prefix}killed", src).items()
+        }
+    return figures
+
+
+def _pack_count(path: Path) -> int:
+    return len(list((path / ".git" / "objects" / "pack").glob("*.pack")))
+
+
+def _killed_writers(path: Path, src: Path) -> dict[str, float]:
+    """Pack files after a writer process (of ``src``) was SIGKILLed KILLS times, each after it stored
+    COMMITS_PER_KILL STOREs, and after the next writer stored as many and closed."""
+    shutil.rmtree(path, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    args = [sys.executable, "-c", KILL_SCRIPT, str(path)]
+    for _ in range(KILLS):
+        proc = subprocess.Popen([*args, "0", GPU, DSL], stdout=subprocess.PIPE, text=True, env=env, cwd=src)
+        assert proc.stdout is not None
+        for _ in range(COMMITS_PER_KILL):
+            proc.stdout.readline()
+        proc.kill()  # SIGKILL, mid-run
+        proc.wait()
+    killed = _pack_count(path)
+    subprocess.run(
+        [*args, str(COMMITS_PER_KILL), GPU, DSL], check=True, capture_output=True, env=env, cwd=src
+    )
+    fsck = subprocess.run(
+        ["git", "-C", str(path), "fsck", "--strict", "--no-dangling"], check=False, capture_output=True
+    )
+    out = {
+        "killed_writers_pack_files": killed,
+        "killed_writers_pack_files_after_next_close": _pack_count(path),
+        "killed_writers_fsck_ok": int(fsck.returncode == 0),
+    }
+    shutil.rmtree(path, ignore_errors=True)
+    return out
 
 
 def _baseline_depth(path: Path, src: Path) -> dict[str, float]:
