@@ -23,13 +23,14 @@ same repo (hard links, except the reflogs that git appends to):
   sync on) with ``CROQQ_GIT_FSYNC`` on (the default, so the same run as ``writer_iters_per_s``) and off;
   ``fsync_cost_ratio``: commit time with fsync over without (1.0: durability is free).
 
-Every writer figure except ``writer_nofsync_iter_per_s`` is measured with fsync on, the default (figures
-before issue 10 were measured without fsync).
+Every writer figure except ``writer_nofsync_iter_per_s`` is measured with fsync on, the default.
 
 Each writer figure is the best of ``ROUNDS`` runs on fresh copies (other load on a small shared machine
 only ever slows a run down); dirty pages of the copy are synced before a run starts.
 
-Repo size (issue 12, part 5), :func:`compaction`:
+Repo size, commit time at depth and killed writers, :func:`compaction`, each figure beside its
+``baseline_`` twin measured in the same run with the store of ``BASELINE_COMMIT`` (the writer that merged
+its own packs in Python; unpacked with ``git archive``, run in a child interpreter):
 
 - ``sweep_*``: a demo-like sweep written through the real writer (268 keys x 30 iterations, the sample
   requests with their compile-failed attempts, one ``ResultsWriter.apply`` each, then ``close``; no
@@ -38,19 +39,21 @@ Repo size (issue 12, part 5), :func:`compaction`:
   candidate sources (srcs/, headers/, kernels/) and raw timing/profile text (perf/), which are
   ``sweep_sources_bytes_per_iter`` and ``sweep_perf_bytes_per_iter`` (each object's size in its pack,
   from ``git cat-file --batch-check``; a folder counts with what it holds; pack headers and indexes count
-  as records). Each figure has a
-  ``baseline_`` twin: the same sweep in the same run with the code of ``BASELINE_COMMIT`` (unpacked
-  with ``git archive``; the writer before compaction), run in a child interpreter;
+  as records); ``sweep_iters_per_s`` and ``sweep_commit_ms_mean`` include the final repack at close;
 - ``compact_commit_ms_at_100`` / ``_10k`` / ``_100k``: mean ms per commit of the measured stream (as
   above, fsync on, no working tree: a 100k repo's index alone is ~20 MB, a cost of the working-tree
   option, not of the commit) on repos with 100, 10,094 and 100,040 iterations of history,
-  ``compact_ratio_100k_over_100`` and ``compact_ratio_10k_over_100``; ``compact_commit_cpu_ms_at_*``
-  and ``compact_cpu_ratio_100k_over_100``: the same in CPU time of the writer process (all threads),
-  which other load on a shared machine disturbs less than wall time. These repos are synthesized (see
-  :func:`_synthesize`): the cold keys' files are exactly what the writer would have written (its own
-  ``plan_changes`` per request), committed a few keys per commit through ``GitRepo.commit``, not one
-  commit per iteration. ``baseline_compact_*``: the same with the store of ``BASELINE_COMMIT`` (this
-  module's code over the old store, in a child interpreter).
+  ``compact_ratio_100k_over_100`` and ``compact_ratio_10k_over_100``; ``compact_commit_cpu_ms_at_*`` and
+  ``compact_cpu_ratio_100k_over_100``: the same in CPU time of the writer process (all threads) and its
+  git children, which other load on a shared machine disturbs less than wall time. These repos are
+  synthesized (see :func:`_synthesize`): the cold keys' files are exactly what the writer would have
+  written (its own ``plan_changes`` per request), committed a few keys per commit through
+  ``GitRepo.commit``, not one commit per iteration (``CROQQ_BENCH_DEEP_DEPTH``: the cold keys' depth of
+  the deepest repo, default 380). ``compact_commit_ms_at_100_loose`` / ``_10k_loose``: the same stream
+  with loose objects instead of the one-pack-per-commit sink;
+- ``killed_writers_pack_files``: pack files after a writer process was SIGKILLed ``KILLS`` times, each
+  after ``COMMITS_PER_KILL`` new STOREs; ``_after_next_close``: after the next writer stored as many and
+  closed; ``killed_writers_fsck_ok``: ``git fsck --strict`` passed then.
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ def _time_writer(
     repo = (_LooseRepo if loose else GitRepo)(path, sync_worktree=sync, fsync=fsync)
     writer = ResultsWriter(repo)
     times = []
-    cpu = time.process_time()
+    cpu = _cpu_s()
     for req in requests:
         started = time.perf_counter()
         writer.apply(req)
@@ -206,7 +209,7 @@ def _time_writer(
     started = time.perf_counter()
     repo.close()
     total = sum(times) + time.perf_counter() - started
-    cpu = time.process_time() - cpu
+    cpu = _cpu_s() - cpu
     iterations = sum(1 for r in requests if r.kind == "iteration")
     times.sort()
     return {
@@ -214,8 +217,14 @@ def _time_writer(
         "commit_ms_mean": 1e3 * total / len(requests),
         "commit_ms_median": 1e3 * statistics.median(times),
         "commit_ms_p99": 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))],
-        "commit_cpu_ms_mean": 1e3 * cpu / len(requests),  # every thread's CPU, the merges' too
+        "commit_cpu_ms_mean": 1e3 * cpu / len(requests),  # every thread's CPU and git's repacks'
     }
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process (all threads) and of its finished children (git repack)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 class _Worktree:
@@ -325,7 +334,7 @@ def run(work_dir: Path) -> dict[str, float | int]:
     }
 
 
-# -- repo size and commit time at depth (issue 12 part 5) ---------------------------------------------
+# -- repo size, commit time at depth, killed writers ------------------------------------------------
 
 
 def _baseline_src(work_dir: Path) -> Path:
