@@ -39,6 +39,7 @@ TREE = int(pygit2.enums.FileMode.TREE)
 UNSET = object()
 Entry = tuple[int, pygit2.Oid]
 IDX_MAGIC = b"\xfftOc"
+WRITE_TRIES = 3
 LEVEL = 1  # zlib level at commit time: fast; git's repack keeps the bytes of objects it does not deltify
 
 
@@ -155,7 +156,14 @@ class LibgitSink:
 
     def add(self, kind: bytes, body: bytes, known: pygit2.Oid | None = None) -> pygit2.Oid:
         types = {b"commit": pygit2.enums.ObjectType.COMMIT, b"tree": pygit2.enums.ObjectType.TREE}
-        oid = self._repo.odb.write(types.get(kind, pygit2.enums.ObjectType.BLOB), body)
+        kind_id = types.get(kind, pygit2.enums.ObjectType.BLOB)
+        for attempt in range(WRITE_TRIES):
+            try:
+                oid = self._repo.odb.write(kind_id, body)
+                break
+            except OSError:  # `git repack -d` pruned the object's empty folder under libgit2's write
+                if attempt == WRITE_TRIES - 1:
+                    raise
         self._written.append(oid)
         return oid
 

@@ -218,3 +218,21 @@ def test_a_repack_killed_midway_leaves_a_valid_repo(tmp_path: Path, after_s: flo
     repo.close()
     git(path, "fsck", "--strict", "--no-dangling")
     assert len(packs(path)) <= geometric_bound(path)
+
+
+class LooseRepo(GitRepo):
+    """The writer over loose objects (its path for object stores the per-commit pack cannot serve)."""
+
+    def _packable(self) -> bool:
+        return False
+
+
+def test_loose_object_commits_survive_repacks_running_beside_them(tmp_path: Path) -> None:
+    path = tmp_path / "results"
+    repo = LooseRepo(path, sync_worktree=False, repack_every=2)  # prune-packed removes folders meanwhile
+    commits = [
+        repo.commit({f"d{i % 5}/{i}.txt": b"%d" % i, "log.txt": b"row\n" * i}, f"c{i}") for i in range(150)
+    ]
+    repo.close()
+    git(path, "fsck", "--strict", "--no-dangling")
+    assert git(path, "rev-parse", "main").strip() == commits[-1]
