@@ -128,10 +128,10 @@ class GitRepo:
         repack_every: int = REPACK_EVERY,
     ) -> None:
         """``fsync``: make each commit durable before it returns (see the module docstring).
-        ``repack_every``: commits between background repacks (0: only at open and close). ``owner``:
-        the writer's lease owner token, given only by a lease holder; it records the locks this object
-        takes and deletes the one a killed previous writer left when ``previous_gone(its owner)`` says
-        that writer's lease is no longer held (``croqq.store._locks``)."""
+        ``repack_every``: commits between background repacks (0: only at the first commit and at close).
+        ``owner``: the writer's lease owner token, given only by a lease holder; it records the locks
+        this object takes and deletes the one a killed previous writer left when ``previous_gone(its
+        owner)`` says that writer's lease is no longer held (``croqq.store._locks``)."""
         self.path = Path(path)
         self.branch = branch
         self.refname = f"refs/heads/{branch}"
