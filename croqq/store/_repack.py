@@ -3,7 +3,9 @@
 Each commit leaves one small pack; a geometric repack rolls the small packs (and any loose objects) into
 bigger ones with git's delta compression, so the pack count stays about logarithmic in the repo's size.
 It also merges packs that earlier, killed writer processes left, since it works on whatever is on disk.
-A repack is due at the writer's first commit, every ``every`` commits after it, and at close.
+A repack is due every ``every`` commits, at close, and at the writer's first commit when the folder
+already holds more than ``every`` packs (left by a killed writer). git runs at a lower CPU priority
+(``nice``), so on a small machine the writer's commits come first.
 
 The thread only runs ``git``; a commit never waits for it. At most one repack runs on a repo at a time,
 also across processes: an exclusive ``flock`` on ``<gitdir>/croqq-repack.lock`` is taken before git
@@ -17,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -39,7 +42,8 @@ def repack(gitdir: Path, wait: bool = False) -> bool:
         except BlockingIOError:
             log.debug("%s: a repack is running already", gitdir)
             return False
-        cmd = ["git", f"--git-dir={gitdir}", *COMMAND]
+        nice = ["nice", "-n", "10"] if shutil.which("nice") else []
+        cmd = [*nice, "git", f"--git-dir={gitdir}", *COMMAND]
         try:
             proc = subprocess.run(
                 cmd, pass_fds=(fd,), capture_output=True, text=True, timeout=REPACK_TIMEOUT_S, check=False
@@ -63,7 +67,7 @@ class Repacker:
         self.every = every
         self.done = 0  # repacks finished (the owner reopens its handle when this changes)
         self._commits = 0
-        self._due = True  # the packs that a previous writer left
+        self._due = every > 0 and len(list((gitdir / "objects" / "pack").glob("*.pack"))) > every
         self._closing = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="croqq-repack", daemon=True)

@@ -128,7 +128,7 @@ class GitRepo:
         repack_every: int = REPACK_EVERY,
     ) -> None:
         """``fsync``: make each commit durable before it returns (see the module docstring).
-        ``repack_every``: commits between background repacks (0: only at the first commit and at close).
+        ``repack_every``: commits between background repacks (0: only at close).
         ``owner``: the writer's lease owner token, given only by a lease holder; it records the locks
         this object takes and deletes the one a killed previous writer left when ``previous_gone(its
         owner)`` says that writer's lease is no longer held (``croqq.store._locks``)."""
