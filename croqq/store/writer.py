@@ -387,7 +387,7 @@ class ResultsWriter:
         return commit
 
     def close(self) -> None:
-        """Flush the index and finish pending pack merges (see GitRepo.close)."""
+        """Flush the index and run the last repack (see GitRepo.close)."""
         self.repo.close()
 
     def refresh_summary(self, gpu: str, dsl: str) -> str | None:
