@@ -540,7 +540,7 @@ def _killed_writers(path: Path, src: Path) -> dict[str, float]:
     fsck = subprocess.run(
         ["git", "-C", str(path), "fsck", "--strict", "--no-dangling"], check=False, capture_output=True
     )
-    out = {
+    out: dict[str, float] = {
         "killed_writers_pack_files": killed,
         "killed_writers_pack_files_after_next_close": _pack_count(path),
         "killed_writers_fsck_ok": int(fsck.returncode == 0),
