@@ -1,6 +1,6 @@
 """Writer benchmark: stored iterations per second on a big results repo, against ``git add && git commit``.
 
-    python -m croqq.bench.writer_bench <work dir>      # prints one JSON object
+    python -m benchmarks.writer_bench <work dir>      # prints one JSON object
 
 Setup. 268 schedule keys. Five "hot" keys are pre-filled to iteration 19 (100 iterations); the other
 263 keys to iteration 37 (9,994 more, 10,094 in all, ~25k files). Pre-filling uses the writer's group
@@ -23,13 +23,14 @@ same repo (hard links, except the reflogs that git appends to):
   sync on) with ``CROQQ_GIT_FSYNC`` on (the default, so the same run as ``writer_iters_per_s``) and off;
   ``fsync_cost_ratio``: commit time with fsync over without (1.0: durability is free).
 
-Every writer figure except ``writer_nofsync_iter_per_s`` is measured with fsync on, the default (figures
-before issue 10 were measured without fsync).
+Every writer figure except ``writer_nofsync_iter_per_s`` is measured with fsync on, the default.
 
 Each writer figure is the best of ``ROUNDS`` runs on fresh copies (other load on a small shared machine
 only ever slows a run down); dirty pages of the copy are synced before a run starts.
 
-Repo size (issue 12, part 5), :func:`compaction`:
+Repo size, commit time at depth and killed writers, :func:`compaction`, each figure beside its
+``baseline_`` twin measured in the same run with the store of ``BASELINE_COMMIT`` (the writer that merged
+its own packs in Python; unpacked with ``git archive``, run in a child interpreter):
 
 - ``sweep_*``: a demo-like sweep written through the real writer (268 keys x 30 iterations, the sample
   requests with their compile-failed attempts, one ``ResultsWriter.apply`` each, then ``close``; no
@@ -38,19 +39,21 @@ Repo size (issue 12, part 5), :func:`compaction`:
   candidate sources (srcs/, headers/, kernels/) and raw timing/profile text (perf/), which are
   ``sweep_sources_bytes_per_iter`` and ``sweep_perf_bytes_per_iter`` (each object's size in its pack,
   from ``git cat-file --batch-check``; a folder counts with what it holds; pack headers and indexes count
-  as records). Each figure has a
-  ``baseline_`` twin: the same sweep in the same run with the code of ``BASELINE_COMMIT`` (unpacked
-  with ``git archive``; the writer before compaction), run in a child interpreter;
+  as records); ``sweep_iters_per_s`` and ``sweep_commit_ms_mean`` include the final repack at close;
 - ``compact_commit_ms_at_100`` / ``_10k`` / ``_100k``: mean ms per commit of the measured stream (as
   above, fsync on, no working tree: a 100k repo's index alone is ~20 MB, a cost of the working-tree
   option, not of the commit) on repos with 100, 10,094 and 100,040 iterations of history,
-  ``compact_ratio_100k_over_100`` and ``compact_ratio_10k_over_100``; ``compact_commit_cpu_ms_at_*``
-  and ``compact_cpu_ratio_100k_over_100``: the same in CPU time of the writer process (all threads),
-  which other load on a shared machine disturbs less than wall time. These repos are synthesized (see
-  :func:`_synthesize`): the cold keys' files are exactly what the writer would have written (its own
-  ``plan_changes`` per request), committed a few keys per commit through ``GitRepo.commit``, not one
-  commit per iteration. ``baseline_compact_*``: the same with the store of ``BASELINE_COMMIT`` (this
-  module's code over the old store, in a child interpreter).
+  ``compact_ratio_100k_over_100`` and ``compact_ratio_10k_over_100``; ``compact_commit_cpu_ms_at_*`` and
+  ``compact_cpu_ratio_100k_over_100``: the same in CPU time of the writer process (all threads) and its
+  git children, which other load on a shared machine disturbs less than wall time. These repos are
+  synthesized (see :func:`_synthesize`): the cold keys' files are exactly what the writer would have
+  written (its own ``plan_changes`` per request), committed a few keys per commit through
+  ``GitRepo.commit``, not one commit per iteration (``CROQQ_BENCH_DEEP_DEPTH``: the cold keys' depth of
+  the deepest repo, default 380). ``compact_commit_ms_at_100_loose`` / ``_10k_loose``: the same stream
+  with loose objects instead of the one-pack-per-commit sink;
+- ``killed_writers_pack_files``: pack files after a writer process was SIGKILLed ``KILLS`` times, each
+  after ``COMMITS_PER_KILL`` new STOREs; ``_after_next_close``: after the next writer stored as many and
+  closed; ``killed_writers_fsck_ok``: ``git fsck --strict`` passed then.
 """
 
 from __future__ import annotations
@@ -86,10 +89,12 @@ GROUP = 2500
 SEED = 7
 ROUNDS = 3
 SWEEP_DEPTH = 30
-DEEP_COLD_DEPTH = 380  # 263 keys x 380 + 100 hot = 100,040 iterations
+DEEP_COLD_DEPTH = int(os.environ.get("CROQQ_BENCH_DEEP_DEPTH", "380"))  # 263 x 380 + 100 = 100,040 iters
 SYNTH_KEYS_PER_COMMIT = 8
-BASELINE_COMMIT = "8282fdc"  # the writer before compaction (issue 12 part 5)
-SRC_ROOT = Path(__file__).resolve().parents[2]
+KILLS = 20
+COMMITS_PER_KILL = 5
+BASELINE_COMMIT = "d31e09a"  # the writer that merged its own packs in Python, before git's repack
+SRC_ROOT = Path(__file__).resolve().parents[1]
 SWEEP_SCRIPT = """
 import sys, time
 from pathlib import Path
@@ -104,6 +109,22 @@ for req in requests:
     writer.apply(req)
 writer.close()
 print(time.perf_counter() - started, sum(r.kind == "iteration" for r in requests), len(requests))
+"""
+KILL_SCRIPT = """
+import sys
+from pathlib import Path
+from tests.samples import sample_requests, schedule_keys
+from croqq.store.gitrepo import GitRepo
+from croqq.store.writer import ResultsWriter
+path, stores = Path(sys.argv[1]), int(sys.argv[2])
+writer = ResultsWriter(GitRepo(path, sync_worktree=False))
+for req in sample_requests(sys.argv[3], sys.argv[4], schedule_keys()[:8], 150, 5):
+    if not writer.apply(req).duplicate:
+        print("stored", flush=True)
+        stores -= 1
+        if stores == 0:
+            break
+writer.close()
 """
 DEPTH_SCRIPT = """
 import importlib.util, json, sys
@@ -159,19 +180,28 @@ def _copy(src: Path, dst: Path, link: bool = True) -> Path:
 
 
 def _best_writer(
-    src: Path, copy: Path, requests: list[StoreRequest], sync: bool, fsync: bool = True
+    src: Path, copy: Path, requests: list[StoreRequest], sync: bool, fsync: bool = True, loose: bool = False
 ) -> dict[str, float]:
     """The best of ROUNDS runs, each on a fresh copy of ``src``."""
-    runs = [_time_writer(_copy(src, copy), requests, sync, fsync) for _ in range(ROUNDS)]
+    runs = [_time_writer(_copy(src, copy), requests, sync, fsync, loose) for _ in range(ROUNDS)]
     shutil.rmtree(copy, ignore_errors=True)
     return min(runs, key=lambda r: r["commit_ms_mean"])
 
 
-def _time_writer(path: Path, requests: list[StoreRequest], sync: bool, fsync: bool) -> dict[str, float]:
-    repo = GitRepo(path, sync_worktree=sync, fsync=fsync)
+class _LooseRepo(GitRepo):
+    """The writer with loose objects (libgit2's object database) instead of one pack per commit."""
+
+    def _packable(self) -> bool:
+        return False
+
+
+def _time_writer(
+    path: Path, requests: list[StoreRequest], sync: bool, fsync: bool, loose: bool = False
+) -> dict[str, float]:
+    repo = (_LooseRepo if loose else GitRepo)(path, sync_worktree=sync, fsync=fsync)
     writer = ResultsWriter(repo)
     times = []
-    cpu = time.process_time()
+    cpu = _cpu_s()
     for req in requests:
         started = time.perf_counter()
         writer.apply(req)
@@ -179,7 +209,7 @@ def _time_writer(path: Path, requests: list[StoreRequest], sync: bool, fsync: bo
     started = time.perf_counter()
     repo.close()
     total = sum(times) + time.perf_counter() - started
-    cpu = time.process_time() - cpu
+    cpu = _cpu_s() - cpu
     iterations = sum(1 for r in requests if r.kind == "iteration")
     times.sort()
     return {
@@ -187,8 +217,14 @@ def _time_writer(path: Path, requests: list[StoreRequest], sync: bool, fsync: bo
         "commit_ms_mean": 1e3 * total / len(requests),
         "commit_ms_median": 1e3 * statistics.median(times),
         "commit_ms_p99": 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))],
-        "commit_cpu_ms_mean": 1e3 * cpu / len(requests),  # every thread's CPU, the merges' too
+        "commit_cpu_ms_mean": 1e3 * cpu / len(requests),  # every thread's CPU and git's repacks'
     }
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process (all threads) and of its finished children (git repack)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 class _Worktree:
@@ -298,7 +334,13 @@ def run(work_dir: Path) -> dict[str, float | int]:
     }
 
 
-# -- repo size and commit time at depth (issue 12 part 5) ---------------------------------------------
+# -- repo size, commit time at depth, killed writers ------------------------------------------------
+
+
+def _child_env(src: Path) -> dict[str, str]:
+    """A child's environment: croqq from ``src`` (this checkout or the baseline's), the test samples from
+    this checkout."""
+    return {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{SRC_ROOT}"}
 
 
 def _baseline_src(work_dir: Path) -> Path:
@@ -344,7 +386,7 @@ def _bytes_by_kind(repo: Path) -> dict[str, int]:
 def _sweep(path: Path, src: Path) -> dict[str, float]:
     """The demo-like sweep with the writer of ``src`` (a source tree), in a child interpreter."""
     shutil.rmtree(path, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = _child_env(src)
     args = [sys.executable, "-c", SWEEP_SCRIPT, str(path), str(SWEEP_DEPTH), str(SEED), GPU, DSL]
     proc = subprocess.run(args, check=True, capture_output=True, text=True, env=env, cwd=src)  # -c: cwd first
     seconds, iterations, requests = proc.stdout.split()
@@ -358,6 +400,7 @@ def _sweep(path: Path, src: Path) -> dict[str, float]:
         "sources_bytes_per_iter": round(kinds["sources"] / iters),
         "perf_bytes_per_iter": round(kinds["perf"] / iters),
         "commit_ms_mean": round(1e3 * float(seconds) / int(requests), 2),
+        "iters_per_s": round(iters / float(seconds), 1),
         "iterations": iters,
     }
 
@@ -439,6 +482,9 @@ def _depth_figures(work_dir: Path) -> dict[str, float]:
         best = _best_writer(repo, copy, measured, False)
         out[f"compact_commit_ms_at_{name}"] = round(best["commit_ms_mean"], 2)
         out[f"compact_commit_cpu_ms_at_{name}"] = round(best["commit_cpu_ms_mean"], 2)
+        if name != "100k":  # the same stream with loose objects instead of the per-commit pack
+            loose = _best_writer(repo, copy, measured, False, loose=True)
+            out[f"compact_commit_ms_at_{name}_loose"] = round(loose["commit_ms_mean"], 2)
         shutil.rmtree(repo, ignore_errors=True)
     out["compact_ratio_10k_over_100"] = round(
         out["compact_commit_ms_at_10k"] / out["compact_commit_ms_at_100"], 2
@@ -465,12 +511,53 @@ def compaction(work_dir: Path, baseline_src: Path | None = None) -> dict[str, fl
     figures |= _depth_figures(work_dir / "depth")
     log.info("commit time at depth with the writer of %s", baseline_src or _baseline_src(work_dir))
     baseline = _baseline_depth(work_dir / "baseline-depth", baseline_src or _baseline_src(work_dir))
-    return figures | {"baseline_" + name: value for name, value in baseline.items()}
+    figures |= {"baseline_" + name: value for name, value in baseline.items()}
+    for prefix, src in (("", SRC_ROOT), ("baseline_", baseline_src or _baseline_src(work_dir))):
+        log.info(
+            "%sSIGKILLed writers: %d x %d STOREs with the writer of %s", prefix, KILLS, COMMITS_PER_KILL, src
+        )
+        figures |= {
+            prefix + name: value for name, value in _killed_writers(work_dir / f"{prefix}killed", src).items()
+        }
+    return figures
+
+
+def _pack_count(path: Path) -> int:
+    return len(list((path / ".git" / "objects" / "pack").glob("*.pack")))
+
+
+def _killed_writers(path: Path, src: Path) -> dict[str, float]:
+    """Pack files after a writer process (of ``src``) was SIGKILLed KILLS times, each after it stored
+    COMMITS_PER_KILL STOREs, and after the next writer stored as many and closed."""
+    shutil.rmtree(path, ignore_errors=True)
+    env = _child_env(src)
+    args = [sys.executable, "-c", KILL_SCRIPT, str(path)]
+    for _ in range(KILLS):
+        proc = subprocess.Popen([*args, "0", GPU, DSL], stdout=subprocess.PIPE, text=True, env=env, cwd=src)
+        assert proc.stdout is not None
+        for _ in range(COMMITS_PER_KILL):
+            proc.stdout.readline()
+        proc.kill()  # SIGKILL, mid-run
+        proc.wait()
+    killed = _pack_count(path)
+    subprocess.run(
+        [*args, str(COMMITS_PER_KILL), GPU, DSL], check=True, capture_output=True, env=env, cwd=src
+    )
+    fsck = subprocess.run(
+        ["git", "-C", str(path), "fsck", "--strict", "--no-dangling"], check=False, capture_output=True
+    )
+    out: dict[str, float] = {
+        "killed_writers_pack_files": killed,
+        "killed_writers_pack_files_after_next_close": _pack_count(path),
+        "killed_writers_fsck_ok": int(fsck.returncode == 0),
+    }
+    shutil.rmtree(path, ignore_errors=True)
+    return out
 
 
 def _baseline_depth(path: Path, src: Path) -> dict[str, float]:
     """:func:`_depth_figures` (this module's code) over the store of ``src``, in a child interpreter."""
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = _child_env(src)
     args = [sys.executable, "-c", DEPTH_SCRIPT, str(Path(__file__).resolve()), str(path)]
     proc = subprocess.run(args, check=True, capture_output=True, text=True, env=env, cwd=src)
     figures: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -480,7 +567,7 @@ def _baseline_depth(path: Path, src: Path) -> dict[str, float]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m croqq.bench.writer_bench <work dir>", file=sys.stderr)
+        print("usage: python -m benchmarks.writer_bench <work dir>", file=sys.stderr)
         sys.exit(2)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)  # progress lines of this module only; the writer's own logs would skew timings

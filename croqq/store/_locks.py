@@ -1,24 +1,12 @@
 """Which git lock files the writer may delete: only the one a killed writer provably left.
 
-libgit2 takes a lock file (``refs/heads/<branch>.lock`` to move the branch, ``index.lock`` to write the
-index) by creating it exclusively, and renames it into place when done; a process killed in between
-leaves it behind, and every later commit (or index write) is refused until it is gone. The same files are
-what a human's ``git commit``, ``git gc`` or ``git status`` holds while it runs, and deleting one of those
-breaks that command. So the writer keeps a record, ``<gitdir>/croqq-writer.owner``: its lease owner token
-and the one lock it is taking right now (with the time it started taking it), rewritten in place (one
-``pwrite``, no fsync) before and after every libgit2 call that takes a lock.
-
-The rule, applied once by the next writer at start-up (while it holds the writer lease):
-
-    a lock file is deleted only if the previous writer's record names exactly that file as the lock it
-    was taking, the file was last modified within a minute after that record was written, and the
-    previous writer's lease is no longer held (the caller tells: it holds the lease now).
-
-Everything else (a lock created after the previous writer's last record, a record that is unreadable,
-a previous owner whose lease is still held) is left in place, with one log line naming it and how to
-fix it. A lock can be misattributed only if the writer was killed in the microseconds between libgit2
-releasing its lock and the record being cleared, and a foreign git command took the very same lock
-within that minute.
+A writer killed inside a libgit2 call leaves its lock file (``refs/heads/<branch>.lock``, ``index.lock``)
+and every later commit is refused until it is gone; but the same files are what a human's git command
+holds while it runs. So the writer records, in ``<gitdir>/croqq-writer.owner``, its lease owner and the
+lock it is taking right now (one ``pwrite`` before and after each such call). At start-up the next writer
+deletes a lock only if that record names exactly that file, the file was last modified within a minute
+after the record, and the previous writer's lease is no longer held; any other lock is left in place,
+with one log line naming it and how to fix it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Writing git objects for one commit: into one small pack file (fast path) or through libgit2.
 
-Why packs: a STORE commit creates ~22 objects (9 blobs, 12 trees, the commit). As loose objects that is
-22 files, each a create + write + rename (libgit2 adds a probe and a pack-folder listing per object):
-on a small VM's ext4 each file creation costs 0.1-0.4 ms, most of a commit. :class:`PackSink` writes the
-commit's objects as ONE pack (``objects/pack/pack-<sha>.pack`` + ``.idx``, version 2, no deltas): two
-files per commit, whatever the number of objects. Objects of ``RAW_FROM`` bytes or more (state.json, the
-appended logs, the wide trees) are stored uncompressed (zlib level 0): compressing them would cost more
-than the rest of the commit, and the background merge (``croqq.store._packstack``) stores each of them
-as a delta against its previous version anyway. Each object that replaces an older one at the same path
-carries that one's id as a *hint* (in memory, never on disk): the merge's delta base.
-
-The formats are git's documented pack and pack-index v2 (``git verify-pack``/``git fsck`` check them).
-A pack becomes visible when its ``.idx`` appears (renamed last). With ``fsync`` (the default) each file is
-fsynced before its rename and the pack folder after both, so a pack is durable before the branch moves
-onto its commit.
+Why packs: a STORE commit creates a score of objects (blobs, the trees on their paths, the commit); as
+loose objects each is a file to create, write and rename. :class:`PackSink` writes them as ONE pack
+(``objects/pack/pack-<sha>.pack`` + ``.idx``, git's documented version 2, no deltas): two files per
+commit whatever the number of objects. git's own repack (``croqq.store._repack``) later rolls these
+small packs into bigger ones with deltas. A pack becomes visible when its ``.idx`` appears (renamed
+last); with ``fsync`` (the default) each file is fsynced before its rename and the folder after both,
+so a pack is durable before the branch moves onto its commit.
 
 Trees (:class:`Trees`) mirror the tip's folders in memory; a commit writes only the blobs and trees that
 differ from the tip (an unchanged file, or a folder that ends up the same, is not written again).
@@ -46,10 +39,8 @@ TREE = int(pygit2.enums.FileMode.TREE)
 UNSET = object()
 Entry = tuple[int, pygit2.Oid]
 IDX_MAGIC = b"\xfftOc"
-MAX_PACK_BYTES = 1 << 30  # stop merging beyond this (offsets stay below 2**31); git gc takes over
-RAW_FROM = 4096  # objects this big are written uncompressed at commit time (the merge compresses them)
-OFS_DELTA = 6
-PACK_HEADER_BYTES = 12
+WRITE_TRIES = 3
+LEVEL = 1  # zlib level at commit time: fast; git's repack keeps the bytes of objects it does not deltify
 
 
 def object_id(kind: bytes, body: bytes) -> bytes:
@@ -59,7 +50,7 @@ def object_id(kind: bytes, body: bytes) -> bytes:
 
 
 def entry_header(code: int, size: int) -> bytes:
-    """A pack entry's type-and-size header (``code``: 1 commit, 2 tree, 3 blob, 6 OFS_DELTA)."""
+    """A pack entry's type-and-size header (``code``: 1 commit, 2 tree, 3 blob)."""
     byte = (code << 4) | (size & 0x0F)
     size >>= 4
     header = bytearray()
@@ -71,52 +62,16 @@ def entry_header(code: int, size: int) -> bytes:
     return bytes(header)
 
 
-def ofs_distance(distance: int) -> bytes:
-    """An OFS_DELTA entry's distance back to its base, in git's offset encoding."""
-    out = [distance & 0x7F]
-    distance >>= 7
-    while distance:
-        distance -= 1
-        out.append(0x80 | (distance & 0x7F))
-        distance >>= 7
-    return bytes(reversed(out))
-
-
-def parse_header(entry: bytes) -> tuple[int, int, int, int]:
-    """(type code, size, header length, OFS_DELTA distance or 0) of a pack entry."""
-    byte = entry[0]
-    code, size, shift, pos = (byte >> 4) & 7, byte & 0x0F, 4, 1
-    while byte & 0x80:
-        byte = entry[pos]
-        pos += 1
-        size |= (byte & 0x7F) << shift
-        shift += 7
-    distance = 0
-    if code == OFS_DELTA:
-        byte = entry[pos]
-        pos += 1
-        distance = byte & 0x7F
-        while byte & 0x80:
-            byte = entry[pos]
-            pos += 1
-            distance = ((distance + 1) << 7) | (byte & 0x7F)
-    return code, size, pos, distance
-
-
-def _entry(kind: bytes, body: bytes, level: int) -> bytes:
+def _entry(kind: bytes, body: bytes) -> bytes:
     """One pack entry: the type-and-size header, then the zlib-compressed body."""
-    return entry_header(TYPE_CODES[kind], len(body)) + zlib.compress(body, level)
+    return entry_header(TYPE_CODES[kind], len(body)) + zlib.compress(body, LEVEL)
 
 
 @dataclass
 class _Entries:
-    """Pack entries keyed by object id (raw): (crc32, entry bytes), in pack order; ``hints``: object ->
-    the object it replaced at the same path (a delta base for the merge); ``raw``: objects stored
-    uncompressed."""
+    """Pack entries keyed by object id (raw): (crc32, entry bytes), in pack order."""
 
     items: dict[bytes, tuple[int, bytes]] = field(default_factory=dict)
-    hints: dict[bytes, bytes] = field(default_factory=dict)
-    raw: set[bytes] = field(default_factory=set)
 
     def add(self, oid: bytes, entry: bytes) -> None:
         if oid not in self.items:
@@ -179,24 +134,11 @@ class PackSink:
         self.fsync = fsync
         self.entries = _Entries()
 
-    def add(
-        self,
-        kind: bytes,
-        body: bytes,
-        level: int = 1,
-        base: pygit2.Oid | None = None,
-        known: pygit2.Oid | None = None,
-    ) -> pygit2.Oid:
-        """Add an object (``base``: the one it replaces at its path, the merge's delta base; ``known``:
-        its id, when the caller has hashed it already)."""
+    def add(self, kind: bytes, body: bytes, known: pygit2.Oid | None = None) -> pygit2.Oid:
+        """Add an object (``known``: its id, when the caller has hashed it already)."""
         oid = known.raw if known is not None else object_id(kind, body)
         if oid not in self.entries.items:
-            if len(body) >= RAW_FROM:
-                level = 0
-                self.entries.raw.add(oid)
-            self.entries.add(oid, _entry(kind, body, level))
-            if base is not None and base.raw != oid:
-                self.entries.hints[oid] = base.raw
+            self.entries.add(oid, _entry(kind, body))
         return pygit2.Oid(raw=oid)
 
     def flush(self) -> Path | None:
@@ -212,16 +154,16 @@ class LibgitSink:
         self.fsync = fsync
         self._written: list[pygit2.Oid] = []
 
-    def add(
-        self,
-        kind: bytes,
-        body: bytes,
-        level: int = 1,
-        base: pygit2.Oid | None = None,
-        known: pygit2.Oid | None = None,
-    ) -> pygit2.Oid:
+    def add(self, kind: bytes, body: bytes, known: pygit2.Oid | None = None) -> pygit2.Oid:
         types = {b"commit": pygit2.enums.ObjectType.COMMIT, b"tree": pygit2.enums.ObjectType.TREE}
-        oid = self._repo.odb.write(types.get(kind, pygit2.enums.ObjectType.BLOB), body)
+        kind_id = types.get(kind, pygit2.enums.ObjectType.BLOB)
+        for attempt in range(WRITE_TRIES):
+            try:
+                oid = self._repo.odb.write(kind_id, body)
+                break
+            except OSError:  # `git repack -d` pruned the object's empty folder under libgit2's write
+                if attempt == WRITE_TRIES - 1:
+                    raise
         self._written.append(oid)
         return oid
 
@@ -372,8 +314,7 @@ class Trees:
                     raise InvalidRecordError(f"{path!r}: written as a file and as a folder in one commit")
                 blob = pygit2.Oid(raw=object_id(b"blob", child.data))
                 if prev != (BLOB, blob):
-                    hint = prev[1] if prev is not None and prev[0] == BLOB else None
-                    sink.add(b"blob", child.data, 1, hint, blob)
+                    sink.add(b"blob", child.data, blob)
                 staged.blobs[blob] = child.data
                 if prev is not None and prev[0] == TREE:
                     staged.dropped.append(path)
@@ -396,7 +337,7 @@ class Trees:
         data = new.data()
         tree = pygit2.Oid(raw=object_id(b"tree", data))
         if tree != old:
-            sink.add(b"tree", data, 0, old, tree)
+            sink.add(b"tree", data, tree)
         return tree
 
     def merge(self, staged: Staged, root: pygit2.Oid) -> None:

@@ -1,46 +1,17 @@
-"""The results repo through plumbing: append commits whose cost does not grow with the repo.
+"""One branch of the results repo through plumbing: commits whose cost does not grow with the repo.
 
-Commit. The changed blobs and only the trees along the changed paths are built (cost: path depth times
-the fan-out of the changed folders, never the number of files in the repo), with the commit object, as
-ONE small pack (``croqq.store._objects``: one pack per commit instead of ~22 loose files, merged with
-deltas in the background as they pile up). Then the branch moves with compare-and-swap semantics
-(``update-ref <new> <old>``): if the ref no longer points at the tip this object last read (a foreign
-writer), the move is refused with :class:`RetryableError`. A process killed before the ref moves leaves
-only an unreferenced pack (``git gc`` drops it); the branch is untouched.
+pygit2 (libgit2, in process) serves the hot path, reads and commits, where a subprocess per call would
+cost more than the commit; the ``git`` executable serves porcelain that libgit2 lacks (push, repack, fsck).
 
-Durability (``fsync``, on by default; tuning/README.md "What survives a power loss"): the pack and its
-index are fsynced before their renames and the pack folder after them, all before the ref moves; libgit2
-is told to fsync what it writes (``GIT_OPT_ENABLE_FSYNC_GITDIR``: the ref's lock file before its rename,
-loose objects, the index), and after the move the ref file, its folder (and the reflog, if there is one)
-are fsynced again, so :meth:`GitRepo.commit` returns only once the commit survives a power loss. Lock
-files: the writer passes its lease ``owner``; only the lock a killed predecessor provably left is
-deleted at start-up (``croqq.store._locks``), any other is left in place and logged.
-
-Reads (:meth:`GitRepo.read`, :meth:`GitRepo.list_dir`, ...) come from the branch tip, never the working
-tree. Each read re-reads the ref (one small file), so a reader in another process sees new commits; the
-tip's folders are mirrored in memory (loaded once per folder, updated by this object's own commits) and
-recent blobs are kept, so the writer reads back the files it appends to without touching git objects.
-An object that libgit2 cannot find reopens the repository once (packs merged away under a handle).
-
-Working tree and index (``sync_worktree``, non-bare repos whose HEAD is the branch):
-
-- working-tree files and index entries follow the branch in batches: after the ref moves, the changed
-  paths are queued (deletions are applied at once), and at a flush every queued file is written once
-  (temp file in the same folder + ``os.replace``; ``*.croqq-tmp`` is listed in ``.git/info/exclude``)
-  and its index entry set from the blob id already known plus the file's stat data (no re-hashing),
-  then the index is written once. Why: libgit2 rewrites the whole index on every write (about 10 ms at
-  25k entries on a 2-core machine, more than a whole commit), and a burst rewrites state.json and the
-  appended logs on every commit. A flush happens when the last one is at least ``index_flush_s`` old
-  (so a writer committing less often than that keeps ``git status`` clean after every commit), on
-  :meth:`GitRepo.sync_index` (the writer's beat-driven flush, every few seconds) and on
-  :meth:`GitRepo.close`. Tradeoff: during a burst the working tree and ``git status`` lag the branch by
-  up to ``index_flush_s``; the branch, the durable truth, is never behind.
-- on open, the index is compared with the tip (a few ms at 25k files) and every differing path is
-  rewritten in the working tree and the index: this repairs a process killed between the ref move and
-  the working-tree or index update (paths reach the index only after their working-tree write).
-
-The writer repacks what it wrote itself (``croqq.store._packstack``: background merges with deltas, one
-pack at :meth:`GitRepo.close`); ``git gc`` is needed only for packs an earlier writer process left.
+A commit writes only the changed blobs and the trees on their paths, as one small pack
+(``croqq.store._objects``), fsynced, then moves the branch compare-and-swap (a foreign move raises
+:class:`RetryableError`) and fsyncs the ref, so it returns only once it survives a power loss; a kill
+before the move leaves an unreferenced pack and the branch untouched. Lock files a killed predecessor
+provably left are removed at start-up (``croqq.store._locks``). Reads come from the branch tip, with the
+tip's folders and recent blobs mirrored in memory. The working tree and index (``sync_worktree``) follow
+the branch in batches, every ``index_flush_s`` and at close, because libgit2 rewrites the whole index on
+each write; on open they are repaired up to the tip. Repacking is git's own (``croqq.store._repack``),
+in the background; the handle is reopened after each repack so it does not keep deleted packs open.
 """
 
 from __future__ import annotations
@@ -61,7 +32,7 @@ from croqq.errors import ConfigError, InvalidRecordError, RetryableError
 from croqq.store._fsync import fsync_path
 from croqq.store._locks import LockJournal
 from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, Sink, Trees
-from croqq.store._packstack import PackStack
+from croqq.store._repack import REPACK_EVERY, Repacker
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +41,10 @@ AUTHOR_EMAIL = "croqq@localhost"
 TMP_SUFFIX = ".croqq-tmp"
 PUSH_TIMEOUT_S = 120.0
 BLOB_CACHE_BYTES = 64 << 20
+# pygit2's cffi internals that _index_add and _libgit2_fsync use were checked on these versions
+# (major.minor); tests/unit/test_store_pygit2_pin.py fails outside them.
+PYGIT2_CHECKED = ("1.21",)
+LIBGIT2_CHECKED = ("1.9",)
 Changes = dict[str, bytes | None]
 
 
@@ -150,11 +125,13 @@ class GitRepo:
         fsync: bool = True,
         owner: str | None = None,
         previous_gone: Callable[[str], bool] | None = None,
+        repack_every: int = REPACK_EVERY,
     ) -> None:
-        """``fsync``: make each commit durable before it returns (see the module docstring). ``owner``:
-        the writer's lease owner token, given only by a lease holder; it records the locks this object
-        takes and deletes the one a killed previous writer left when ``previous_gone(its owner)`` says
-        that writer's lease is no longer held (``croqq.store._locks``)."""
+        """``fsync``: make each commit durable before it returns (see the module docstring).
+        ``repack_every``: commits between background repacks (0: only at close).
+        ``owner``: the writer's lease owner token, given only by a lease holder; it records the locks
+        this object takes and deletes the one a killed previous writer left when ``previous_gone(its
+        owner)`` says that writer's lease is no longer held (``croqq.store._locks``)."""
         self.path = Path(path)
         self.branch = branch
         self.refname = f"refs/heads/{branch}"
@@ -167,7 +144,10 @@ class GitRepo:
         )
         self._tip: pygit2.Oid | None = None
         self._trees = Trees(self._object, None)
-        self._packs = PackStack(gitdir / "objects" / "pack", fsync=fsync) if self._packable() else None
+        self._pack_folder = gitdir / "objects" / "pack" if self._packable() else None
+        self._repack_every = repack_every
+        self._repacker: Repacker | None = None  # started by the first commit: readers never repack
+        self._repacks_seen = 0
         self._blobs: OrderedDict[pygit2.Oid, bytes] = OrderedDict()
         self._blob_bytes = 0
         self._pending: dict[str, tuple[str, pygit2.Oid | None, bytes | None]] = {}
@@ -218,12 +198,12 @@ class GitRepo:
         return fmt == "sha1" and (Path(self._repo.path) / "objects" / "pack").is_dir()
 
     def _sink(self) -> Sink:
-        if self._packs is not None:
-            return PackSink(self._packs.folder, self.fsync)
+        if self._pack_folder is not None:
+            return PackSink(self._pack_folder, self.fsync)
         return LibgitSink(self._repo, self.fsync)
 
     def _reopen(self) -> None:
-        """A fresh libgit2 handle (after packs were merged away: forget the removed files)."""
+        """A fresh libgit2 handle (after a repack: forget, and close, the packs it deleted)."""
         self._repo.free()
         _libgit2_fsync(self.fsync)
         self._repo = pygit2.Repository(str(self.path), flags=pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
@@ -231,10 +211,9 @@ class GitRepo:
     def _initial_commit(self) -> None:
         sink = self._sink()
         subject = "croqq: initialize results repo"
-        oid = sink.add(b"commit", _commit_body(sink.add(b"tree", b"", 0), None, subject + "\n"))
-        pack = sink.flush()
+        oid = sink.add(b"commit", _commit_body(sink.add(b"tree", b""), None, subject + "\n"))
+        sink.flush()
         self._move_ref(oid, None, subject)
-        self._adopt(pack, sink)
         self._refresh()
 
     def _worktree_follows_branch(self) -> bool:
@@ -279,8 +258,8 @@ class GitRepo:
             self._trees = Trees(self._object, root)
 
     def _object(self, oid: pygit2.Oid) -> pygit2.Object:
-        """An object by id. A miss reopens the repository once and retries: the writer merges its packs
-        and deletes the merged ones, which a libgit2 handle that listed them earlier cannot follow."""
+        """An object by id. A miss reopens the repository once and retries: a repack deletes the packs
+        it merged, which a libgit2 handle that listed them earlier cannot follow."""
         try:
             return self._repo[oid]
         except (KeyError, pygit2.GitError):
@@ -362,12 +341,12 @@ class GitRepo:
             )
         sink = self._sink()
         staged = self._trees.stage(root, sink)
-        tree = staged.root or sink.add(b"tree", b"", 0)
+        tree = staged.root or sink.add(b"tree", b"")
         if tree == self._trees.root:
             return str(base)
         text = message if message.endswith("\n") else message + "\n"
         oid = sink.add(b"commit", _commit_body(tree, base, text))
-        pack = sink.flush()  # durable on return (fsync)
+        sink.flush()  # durable on return (fsync)
         if self.before_ref_move is not None:
             self.before_ref_move()  # a test hook: chaos tests kill the writer here
         self._move_ref(oid, base, text.split("\n", 1)[0])
@@ -376,17 +355,21 @@ class GitRepo:
         self._trees.merge(staged, tree)
         for blob, data in staged.blobs.items():
             self._remember(blob, data)
-        self._adopt(pack, sink)
+        self._after_repack()
         if self.sync_worktree:
             self._sync_files(changes, folders)
         if self.after_commit is not None:
             self.after_commit()
         return str(oid)
 
-    def _adopt(self, pack: Path | None, sink: Sink) -> None:
-        """Hand a commit's new pack to the background merger (reopening when it merged many away)."""
-        entries = sink.entries if isinstance(sink, PackSink) else None
-        if pack is not None and self._packs is not None and self._packs.push(pack, entries):
+    def _after_repack(self) -> None:
+        """Count the commit towards the next repack; reopen the handle when one finished since the last
+        commit (the packs it deleted stay open, and take disk space, until libgit2 closes them)."""
+        if self._repacker is None:
+            self._repacker = Repacker(Path(self._repo.path), self._repack_every)
+        self._repacker.poke()
+        if self._repacker.done != self._repacks_seen:
+            self._repacks_seen = self._repacker.done
             self._reopen()
 
     def _locked(self, lock: str) -> contextlib.AbstractContextManager[None]:
@@ -536,7 +519,7 @@ class GitRepo:
         total = 0
         for folder, _, files in os.walk(self._repo.path):
             for name in files:
-                with contextlib.suppress(OSError):  # a pack merged away meanwhile
+                with contextlib.suppress(OSError):  # a pack repacked away meanwhile
                     total += os.lstat(os.path.join(folder, name)).st_size
         return total
 
@@ -557,12 +540,13 @@ class GitRepo:
             raise RetryableError(f"git push {remote} failed: {first}")
 
     def close(self) -> None:
-        """Flush the index, release libgit2's handles. The repo is then clean for git log/fsck/status."""
+        """Flush the index, run a last repack, release libgit2's handles. The repo is then clean for git
+        log/fsck/status."""
         if self._closed:
             return
         self.sync_index()
-        if self._packs is not None:
-            self._packs.close()
+        if self._repacker is not None:
+            self._repacker.close()
         if self._journal is not None:
             self._journal.close()
         self._repo.free()

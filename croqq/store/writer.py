@@ -1,28 +1,13 @@
 """The serialized writer: one StoreRequest in, one commit out (or none, if it was already stored).
 
-``ResultsWriter.apply`` checks the request, reads the shape's checkpoint at the branch tip and
-acknowledges a STORE that is already there (``duplicate=True``, nothing written): an iteration whose id
-is <= the checkpoint's ``current_iter``, an attempt whose number is <= its ``attempts``. An iteration
-that would leave a gap (id > current_iter + 1) is refused. Otherwise every file of the STORE goes into
-ONE commit (see ``croqq.store.paths`` for the layout):
-
-- iteration: results.tsv row, rounds.raw.jsonl line, rounds.md section, ideas.jsonl line, the source
-  under srcs/ with its headers under headers/ (compilable from the repo alone:
-  :func:`croqq.domain.source.stored_files`), perf/ timing file (and profile file when the round carries
-  a profile), checkpoint, state.json entry, and the best-kernel registry file when the STORE completes
-  the shape;
-- attempt: attempts.jsonl line, ideas.jsonl line when it had a candidate (decision ``COMPILE_FAIL`` or
-  ``REJECTED_<kind>``, no iteration), checkpoint, state.json entry.
-
-rounds.raw.jsonl lines carry the whole RoundRecord except the raw timing and profile text (``raw``
-fields and the idea's source emptied): those are stored once, in perf/ and srcs/, and would otherwise
-make every append to a shape's history several times larger.
-
-state.json (all shapes of a run) is kept parsed in memory, keyed by its blob id at the tip, so a commit
-does not re-parse 268 entries; a foreign change of the file is noticed by its id and re-read. A STORE
-that leaves every entry as it was (a compile-failed attempt: the entry has no attempt count) does not
-rewrite it, and no commit writes a file, or a folder, whose bytes are the tip's already
-(``croqq.store._objects.Trees``). All reads come from the branch tip, never the working tree.
+``ResultsWriter.apply`` reads the shape's checkpoint at the branch tip: a STORE already there (iteration
+<= ``current_iter``, attempt <= ``attempts``) is acknowledged with ``duplicate=True`` and nothing written,
+one that would leave a gap is refused, anything else goes into ONE commit with every file it touches
+(``croqq.store.paths``): the appended logs, the source with its headers (compilable from the repo alone),
+perf/ files, checkpoint, state.json entry, and the best-kernel registry file when it completes the shape.
+rounds.raw.jsonl leaves the raw timing and profile text to perf/ and srcs/, so appends stay small.
+state.json is kept parsed in memory, keyed by its blob id, and a file whose bytes are unchanged is not
+rewritten. All reads come from the branch tip, never the working tree.
 """
 
 from __future__ import annotations
@@ -402,7 +387,7 @@ class ResultsWriter:
         return commit
 
     def close(self) -> None:
-        """Flush the index and finish pending pack merges (see GitRepo.close)."""
+        """Flush the index and run the last repack (see GitRepo.close)."""
         self.repo.close()
 
     def refresh_summary(self, gpu: str, dsl: str) -> str | None:

@@ -1,20 +1,23 @@
-"""A compact results repo: merged packs hold deltas that git and libgit2 read, unchanged aggregates are not
-rewritten, a kill during the writer's repack loses nothing."""
+"""A compact results repo: git's repack, run by the writer, leaves few packs with deltas that git and
+libgit2 read, also merges the packs killed writers left, never holds a commit, and a kill during it
+loses nothing; unchanged aggregates are not rewritten."""
 
 from __future__ import annotations
 
-import random
+import fcntl
+import math
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pygit2
 import pytest
 
 from croqq.store import paths
-from croqq.store._delta import append_delta, apply_delta, make_delta
-from croqq.store._packstack import MAX_DEPTH
+from croqq.store._repack import COMMAND, LOCK_NAME, repack
 from croqq.store.gitrepo import GitRepo
 from croqq.store.validate import validate_repo
 from croqq.store.writer import ResultsWriter
@@ -52,41 +55,12 @@ def delta_count(repo: Path) -> tuple[int, int]:
     return deltas, longest
 
 
-@pytest.mark.parametrize(
-    ("base", "target"),
-    [
-        (b"", b"first line\n"),
-        (b"a\tb\n" * 50, b"a\tb\n" * 50 + b"one more row\n"),
-        (b'{"x": 1,\n "y": 2}\n' * 30, b'{"x": 1,\n "y": 3}\n' * 30),
-        (b"".join(b"row %03d of the summary\n" % i for i in range(60)), b"header\n" + b"row 042\n" * 3),
-        (bytes(range(256)) * 300, bytes(range(255, -1, -1)) * 301),
-    ],
-)
-def test_a_delta_rebuilds_its_target(base: bytes, target: bytes) -> None:
-    assert apply_delta(base, make_delta(base, target)) == target
-
-
-def test_random_edits_round_trip() -> None:
-    rng = random.Random(5)
-    base = b"".join(b"line %d %s\n" % (i, b"x" * rng.randint(0, 40)) for i in range(400))
-    for _ in range(50):
-        target = bytearray(base)
-        for _ in range(rng.randint(1, 6)):
-            at = rng.randrange(len(target))
-            target[at : at + rng.randint(0, 90)] = bytes(
-                rng.randrange(256) for _ in range(rng.randint(0, 90))
-            )
-        assert apply_delta(base, make_delta(base, bytes(target))) == bytes(target)
-    assert apply_delta(base, append_delta(len(base), base + b"tail\n")) == base + b"tail\n"
-
-
-def test_merged_packs_hold_deltas_that_git_and_libgit2_read(tmp_path: Path) -> None:
+def test_repacked_packs_hold_deltas_that_git_and_libgit2_read(tmp_path: Path) -> None:
     repo = tmp_path / "results"
     reqs = requests(3, 40)
     commits = store(repo, reqs)
-    deltas, longest = delta_count(repo)
+    deltas, _ = delta_count(repo)
     assert deltas > len(reqs)  # every STORE's appended logs, checkpoint, state.json and trees
-    assert longest <= MAX_DEPTH
     git(repo, "fsck", "--strict", "--full", "--no-dangling")
     assert git(repo, "rev-list", "--count", "main").strip() == str(len(commits) + 1)  # + the initial one
     assert git(repo, "log", "-1", "--format=%H").strip() == commits[-1]
@@ -107,7 +81,7 @@ def test_merged_packs_hold_deltas_that_git_and_libgit2_read(tmp_path: Path) -> N
     assert validate_repo(repo, DSL) == []
 
 
-def test_the_tip_reads_the_same_after_compaction(tmp_path: Path) -> None:
+def test_the_tip_reads_the_same_after_the_last_repack(tmp_path: Path) -> None:
     repo = tmp_path / "results"
     reqs = requests(2, 20)
     writer = ResultsWriter(GitRepo(repo, sync_worktree=False))
@@ -144,62 +118,121 @@ def test_rewriting_a_file_with_its_own_bytes_writes_no_commit(tmp_path: Path) ->
     repo.close()
 
 
-KILLER = """
-import os, signal, sys, threading, pathlib
-from tests.samples import sample_requests, schedule_keys
-from croqq.store import _objects
+def packs(repo: Path) -> list[Path]:
+    return sorted((repo / ".git" / "objects" / "pack").glob("*.pack"))
+
+
+def geometric_bound(repo: Path) -> int:
+    """The most packs a geometric (factor 2) repack leaves: each holds at least twice the objects of the
+    next smaller one."""
+    count = sum(
+        int(line.split()[1])
+        for line in git(repo, "count-objects", "-v").splitlines()
+        if line.split()[0] in ("count:", "in-pack:")
+    )
+    return int(math.log2(count)) + 1
+
+
+def test_commits_never_wait_for_a_repack_and_few_packs_are_left(tmp_path: Path) -> None:
+    path = tmp_path / "results"
+    repo = GitRepo(path, sync_worktree=False, repack_every=4)
+    repo.commit({"a.txt": b"0\n"}, "first")
+    lock = os.open(path / ".git" / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as if another process were repacking: every repack now is skipped
+    for i in range(1, 41):
+        repo.commit({"a.txt": b"%d\n" % i * i, f"d/{i}.txt": b"%d" % i}, f"c{i}")
+    assert len(packs(path)) >= 40  # nothing waited for the lock, nothing was repacked
+    os.close(lock)
+    repo.close()  # the last repack
+    assert len(packs(path)) <= geometric_bound(path)
+    git(path, "fsck", "--strict", "--no-dangling")
+    assert git(path, "show", "main:d/40.txt") == "40"
+
+
+def test_two_repacks_never_run_at_once(tmp_path: Path) -> None:
+    repo = GitRepo(tmp_path / "results", sync_worktree=False)
+    repo.commit({"a.txt": b"1"}, "one")
+    gitdir = repo.path / ".git"
+    lock = os.open(gitdir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    assert repack(gitdir) is False
+    os.close(lock)
+    assert repack(gitdir) is True
+    repo.close()
+
+
+KILLED = """
+import pathlib, sys
 from croqq.store.gitrepo import GitRepo
-from croqq.store.writer import ResultsWriter
-
-where, path = sys.argv[1], pathlib.Path(sys.argv[2])
-publish, unlink = _objects._publish, pathlib.Path.unlink
-
-def in_merge():
-    return threading.current_thread().name == "croqq-pack-merge"
-
-def die():
-    os.kill(os.getpid(), signal.SIGKILL)
-
-def killing_publish(folder, final, data, fsync):
-    if in_merge() and where == "before-index" and final.suffix == ".idx":
-        die()
-    publish(folder, final, data, fsync)
-
-def killing_unlink(self, missing_ok=False):
-    if in_merge() and where == "before-delete":
-        die()
-    unlink(self, missing_ok=missing_ok)
-
-_objects._publish = killing_publish
-pathlib.Path.unlink = killing_unlink
-writer = ResultsWriter(GitRepo(path, sync_worktree=True))
-for req in sample_requests("sm90_NVIDIA_H200", "cuda", schedule_keys()[:2], 12, 3):
-    print(writer.apply(req).commit, flush=True)
-writer.close()
-print("not killed", flush=True)
+repo = GitRepo(pathlib.Path(sys.argv[1]), sync_worktree=False, repack_every=0)
+for i in range(10**6):
+    changes = {"log.txt": b"%d\\n" % i * 50, f"r{sys.argv[2]}/{i}.txt": b"%d" % i}
+    print(repo.commit(changes, f"c{i}"), flush=True)
 """
 
 
-@pytest.mark.parametrize("where", ["before-index", "before-delete"])
-def test_a_kill_during_the_repack_loses_no_commit(tmp_path: Path, where: str) -> None:
-    repo = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "-c", KILLER, where, str(repo)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+def kill_after(path: Path, run: int, commits: int) -> list[str]:
+    """Start a writer process, let it acknowledge ``commits`` commits, SIGKILL it; its commit ids."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(path), str(run)], stdout=subprocess.PIPE, text=True
     )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    acknowledged = proc.stdout.split()
-    assert len(acknowledged) >= 7  # the first merge starts at 8 packs: the initial commit and 7 STOREs
-    git(repo, "fsck", "--strict", "--no-dangling")
-    history = set(git(repo, "rev-list", "main").split())
-    assert set(acknowledged) <= history
-    reopened = ResultsWriter(GitRepo(repo, sync_worktree=True))
-    reqs = requests(2, 12)
-    for req in reqs:
-        reopened.apply(req)  # what was stored is acknowledged, the rest stored now
-    reopened.close()
-    git(repo, "fsck", "--strict", "--no-dangling")
-    assert validate_repo(repo, DSL) == []
+    assert proc.stdout is not None
+    done = [proc.stdout.readline().strip() for _ in range(commits)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(120)
+    return done
+
+
+def test_packs_left_by_killed_writers_are_merged_by_the_next_writer(tmp_path: Path) -> None:
+    path = tmp_path / "results"
+    GitRepo(path, sync_worktree=False).close()
+    lock = os.open(path / ".git" / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # the killed writers get no repack done: all their packs are left
+    acknowledged = [c for run in range(6) for c in kill_after(path, run, 8)]
+    os.close(lock)
+    left = len(packs(path))
+    assert left >= 6 * 8
+    repo = GitRepo(path, sync_worktree=False)
+    repo.commit({"next.txt": b"1"}, "the next writer")
+    repo.close()
+    assert len(packs(path)) <= geometric_bound(path) < left
+    git(path, "fsck", "--strict", "--no-dangling")
+    assert set(acknowledged) <= set(git(path, "rev-list", "main").split())
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.02, 0.05, 0.1, 0.2, 0.4])
+def test_a_repack_killed_midway_leaves_a_valid_repo(tmp_path: Path, after_s: float) -> None:
+    path = tmp_path / "results"
+    repo = GitRepo(path, sync_worktree=False, repack_every=0)
+    lock = os.open(path / ".git" / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # no repack of the writer's own meanwhile
+    commits = [repo.commit({"log.txt": b"row\n" * i, f"d/{i}.txt": b"%d" % i}, f"c{i}") for i in range(60)]
+    proc = subprocess.Popen(["git", "-C", str(path), *COMMAND], start_new_session=True)
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGKILL)  # git and its pack-objects, wherever they are
+    proc.wait(120)
+    git(path, "fsck", "--strict", "--no-dangling")
+    assert set(commits) <= set(git(path, "rev-list", "main").split())
+    os.close(lock)
+    repo.commit({"after.txt": b"1"}, "after the killed repack")
+    repo.close()
+    git(path, "fsck", "--strict", "--no-dangling")
+    assert len(packs(path)) <= geometric_bound(path)
+
+
+class LooseRepo(GitRepo):
+    """The writer over loose objects (its path for object stores the per-commit pack cannot serve)."""
+
+    def _packable(self) -> bool:
+        return False
+
+
+def test_loose_object_commits_survive_repacks_running_beside_them(tmp_path: Path) -> None:
+    path = tmp_path / "results"
+    repo = LooseRepo(path, sync_worktree=False, repack_every=2)  # prune-packed removes folders meanwhile
+    commits = [
+        repo.commit({f"d{i % 5}/{i}.txt": b"%d" % i, "log.txt": b"row\n" * i}, f"c{i}") for i in range(150)
+    ]
+    repo.close()
+    git(path, "fsck", "--strict", "--no-dangling")
+    assert git(path, "rev-parse", "main").strip() == commits[-1]

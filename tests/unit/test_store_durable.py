@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pygit2
@@ -19,7 +18,7 @@ import redis
 
 from croqq.delivery import keys
 from croqq.errors import RetryableError
-from croqq.patience import Deadline
+from croqq.patience import wait_until
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.runtime import Runtime
 from croqq.settings import Settings
@@ -46,16 +45,6 @@ def remote_head(remote: Path) -> str:
         check=False,
     )
     return done.stdout.strip()
-
-
-def wait_for(check: Callable[[], bool], budget_s: float = 120.0) -> bool:
-    """Poll until ``check()`` holds (True) or ``budget_s`` unloaded seconds pass (False)."""
-    deadline = Deadline(budget_s)
-    while not check():
-        if deadline.expired():
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # -- fsync order --------------------------------------------------------------------------------
@@ -124,7 +113,7 @@ def test_without_git_fsync_nothing_is_fsynced(tmp_path: Path, monkeypatch: pytes
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd)))
     repo = GitRepo(tmp_path / "results", fsync=False, owner=FIRST)
-    for i in range(20):  # enough packs for a background merge
+    for i in range(20):  # enough commits for a background repack
         repo.commit({f"f{i}.txt": b"%d" % i}, f"c{i}")
     repo.close()
     assert calls == []
@@ -242,14 +231,14 @@ def test_a_commit_returns_promptly_while_a_push_hangs_then_the_remote_gets_every
     repo.after_commit = pusher.poke
     try:
         repo.commit({"a.txt": b"0"}, "first")
-        assert wait_for(started.exists)  # the push is in flight, held inside the remote's hook
+        wait_until(started.exists, 120, "the push to start")  # held inside the remote's hook
         for i in range(5):
             repo.commit({"a.txt": b"%d" % (i + 1)}, f"c{i}")
         # five commits done while the push is still held: none of them waited for it
         assert remote_head(remote) != repo.head()
     finally:
         release.touch()
-    assert wait_for(lambda: remote_head(remote) == repo.head())
+    wait_until(lambda: remote_head(remote) == repo.head(), 120, "the remote to get every commit")
     pusher.close()
 
 
@@ -268,7 +257,7 @@ def test_a_failing_push_is_logged_and_retried_never_raised(
     repo.after_commit = pusher.poke
     with caplog.at_level(logging.WARNING, logger="croqq.store.push"):
         repo.commit({"a.txt": b"1"}, "one commit, no further pokes")
-        assert wait_for(lambda: len(attempts) >= 3)
+        wait_until(lambda: len(attempts) >= 3, 120, "three push attempts")
     time.sleep(0.2)
     assert len(attempts) == 3  # done once a push succeeded
     assert sum("retrying later" in r.getMessage() for r in caplog.records) == 2
@@ -279,7 +268,7 @@ def test_close_pushes_what_is_pending(tmp_path: Path) -> None:
     pushed = threading.Event()
     pusher = Pusher(pushed.set, every_s=3600, name="later").start()
     pusher.poke()
-    assert wait_for(pushed.is_set)
+    wait_until(pushed.is_set, 120, "the first push")
     pushed.clear()
     pusher.poke()  # not due for an hour
     pusher.close(wait_s=120)
@@ -300,7 +289,7 @@ def test_the_writer_pushes_in_the_background_with_its_lease_token_on_record(
     rt = Runtime(settings)
     head = rt.writer.repo.commit({"a.txt": b"1"}, "stored")
     assert rt.pusher is not None
-    assert wait_for(lambda: remote_head(remote) == head)
+    wait_until(lambda: remote_head(remote) == head, 120, "the background push")
     assert SECOND in (tmp_path / "results" / ".git" / MARKER).read_text()
     rt.pusher.close()
     rt.writer.close()
