@@ -7,8 +7,9 @@ set it; default 1); a value that is not a positive number is refused, never igno
 
 Used where croqq waits for its own processes (``croqq up`` waiting for its GPU workers, ``croqq submit``
 waiting for the writer, the stress and multi-host harnesses, the tests): how long recovery or start-up
-takes is a benchmark figure, never a reason to fail. Not for leases or Redis-clock deadlines, which must
-not stretch. A base module: every layer may import it, and it imports none.
+takes is a benchmark figure, never a reason to fail. A bound that must not stretch (a lease on Redis's clock,
+a stop grace promised to the operator) passes ``wall=True``: plain wall seconds, no load, no
+``CROQQ_PATIENCE``. A base module: every layer may import it, and it imports none.
 """
 
 from __future__ import annotations
@@ -52,16 +53,20 @@ def scale() -> float:
 
 class Deadline:
     """``budget_s`` unloaded seconds from now; ``expired()`` polls (charging the time since the last poll
-    at the slowness of now, read at most every :data:`LOAD_EVERY_S`)."""
+    at the slowness of now, read at most every :data:`LOAD_EVERY_S`). ``wall=True``: ``budget_s`` plain
+    wall seconds, neither stretched by load nor scaled by ``CROQQ_PATIENCE``."""
 
-    def __init__(self, budget_s: float) -> None:
-        self.budget_s = budget_s * scale()
+    def __init__(self, budget_s: float, *, wall: bool = False) -> None:
+        self.wall = wall
+        self.budget_s = budget_s if wall else budget_s * scale()
         self.started = self._last = time.monotonic()
         self._spent = 0.0
         self._slowness, self._read_at = 1.0, -math.inf
 
     def expired(self) -> bool:
         now = time.monotonic()
+        if self.wall:
+            return now - self.started >= self.budget_s  # a budget of 0 checks once, never waits
         if now - self._read_at >= LOAD_EVERY_S:
             self._slowness, self._read_at = slowness(), now
         self._spent += (now - self._last) / self._slowness
@@ -73,17 +78,25 @@ class Deadline:
         """Wall seconds since the deadline was set."""
         return time.monotonic() - self.started
 
+    @property
+    def left_s(self) -> float:
+        """Seconds left: wall seconds for a wall deadline, else unloaded seconds as of the last poll."""
+        return self.budget_s - (self.waited_s if self.wall else self._spent)
 
-def wait_until(check: Callable[[], T], budget_s: float, what: str, every_s: float = 0.1) -> T:
+
+def wait_until(
+    check: Callable[[], T], budget_s: float, what: str, every_s: float = 0.1, *, wall: bool = False
+) -> T:
     """Poll ``check`` until it returns something truthy and return that; TimeoutError naming ``what``
-    once ``budget_s`` unloaded seconds have passed without it."""
-    deadline = Deadline(budget_s)
+    once ``budget_s`` unloaded seconds (wall seconds with ``wall=True``) have passed without it."""
+    deadline = Deadline(budget_s, wall=wall)
     while True:
         value = check()
         if value:
             return value
         if deadline.expired():
-            raise TimeoutError(
-                f"{what}: not within {deadline.waited_s:.0f} s (budget {budget_s:g} s at load)"
+            bound = (
+                f"{budget_s:g} s" if wall else f"{deadline.waited_s:.0f} s (budget {budget_s:g} s at load)"
             )
+            raise TimeoutError(f"{what}: not within {bound}")
         time.sleep(every_s)

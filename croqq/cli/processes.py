@@ -164,16 +164,17 @@ def refuse_claimed_gpus(settings: Settings, uuids: list[str]) -> None:
     from croqq.delivery.leases import dead_local
     from croqq.delivery.redis_client import connect, text
     from croqq.errors import LeaseHeldError
+    from croqq.patience import Deadline
 
     client = connect(settings)
     # wall seconds, not stretched by load: a dead holder's lease ends on Redis's clock, whatever the load
-    deadline = time.monotonic() + 1.5 * settings.lease_ttl_s
+    deadline = Deadline(1.5 * settings.lease_ttl_s, wall=True)
     while True:
         held = {u: text(client.get(keys.lease(f"gpu:{u}"))) for u in uuids}
         claimed = {u: owner for u, owner in held.items() if owner and not dead_local(owner)}
         if not claimed:
             return
-        if time.monotonic() >= deadline:
+        if deadline.expired():
             uuid, owner = sorted(claimed.items())[0]
             others = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""
             raise LeaseHeldError(

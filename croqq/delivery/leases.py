@@ -24,6 +24,7 @@ import redis
 from croqq.delivery import keys
 from croqq.delivery.redis_client import text
 from croqq.errors import LeaseHeldError
+from croqq.patience import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +116,11 @@ class Lease:
         return True
 
     def acquire(self, wait_s: float, what: str) -> None:
-        """Take the lease (:meth:`try_take`), waiting up to ``wait_s`` for a live holder's to expire (wall
-        time, not :mod:`croqq.patience`'s: its TTL runs on Redis's clock, whatever this host's load)."""
-        deadline = time.monotonic() + wait_s
+        """Take the lease (:meth:`try_take`), waiting up to ``wait_s`` for a live holder's to expire."""
+        deadline = Deadline(wait_s, wall=True)  # its TTL runs on Redis's clock, whatever this host's load
         while not self.try_take():
             holder = text(self.client.get(self.key)) or ""
-            if time.monotonic() >= deadline:
+            if deadline.expired():
                 raise LeaseHeldError(
                     f"{what} is already held by {holder} (lease {self.key}); only one may run - stop it first"
                 )

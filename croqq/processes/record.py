@@ -24,6 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from croqq.patience import Deadline
+
 log = logging.getLogger(__name__)
 RECORD_NAME = "supervisor.json"
 STOP_GRACE_S = 10.0
@@ -124,8 +126,8 @@ def stop_leftovers(record: Record, grace_s: float = STOP_GRACE_S) -> list[Proc]:
     for wave in ([p for p in left if not p.service], [p for p in left if p.service]):
         _signal_groups(wave, signal.SIGTERM)
         # wall seconds, not stretched by load: a stop grace is a promise to the operator (systemd, docker)
-        deadline = time.monotonic() + grace_s
-        while any(group_members(p) for p in wave) and time.monotonic() < deadline:
+        deadline = Deadline(grace_s, wall=True)
+        while any(group_members(p) for p in wave) and not deadline.expired():
             time.sleep(0.1)
         stubborn = [p for p in wave if group_members(p)]
         if stubborn:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from croqq.patience import Deadline
 from croqq.processes import record as records
 
 log = logging.getLogger(__name__)
@@ -239,12 +240,12 @@ class Supervisor:
             for child in group:
                 self.signal(child.name, signal.SIGTERM)
             # wall seconds, not stretched by load: the service manager's own stop timeout counts wall seconds
-            deadline = time.monotonic() + grace_s
+            deadline = Deadline(grace_s, wall=True)
             for child in group:
                 if child.popen is None:
                     continue
                 try:
-                    child.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+                    child.popen.wait(timeout=max(0.1, deadline.left_s))
                 except subprocess.TimeoutExpired:
                     log.warning("%s did not stop within %.0fs; killing it", child.name, grace_s)
                 self._kill_group(child)

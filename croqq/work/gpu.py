@@ -18,6 +18,7 @@ from croqq.backends._base import GpuContext
 from croqq.delivery import clock, keys
 from croqq.domain.records import GpuSnapshot, Measurement
 from croqq.errors import GpuLeaseLostError, GpuUnavailableError
+from croqq.patience import Deadline
 from croqq.work import stats
 from croqq.work.context import Runtime
 
@@ -36,17 +37,18 @@ def _claim_for(rt: Runtime, gpu: GpuContext, what: str) -> None:
 
 
 def gate(rt: Runtime, gpu: GpuContext, what: str) -> GpuSnapshot:
-    """Block until the GPU is healthy (or give up and raise), check the lease, mark the GPU busy with
-    ``what``; return the snapshot at the start. ``health_wait_s`` is wall time, not :mod:`croqq.patience`'s:
-    a GPU's recovery does not slow with this host's load, and the broker's visibility timeout counts it."""
-    delay, deadline = 0.2, time.monotonic() + rt.settings.health_wait_s
+    """Block until the GPU is healthy (retrying with a doubling delay; raise after ``health_wait_s``), check
+    the lease, mark the GPU busy with ``what``; return the snapshot at the start."""
+    # wall seconds, not stretched by load: a GPU's recovery does not slow with this host's load, and the
+    # broker's visibility timeout counts them
+    delay, deadline = 0.2, Deadline(rt.settings.health_wait_s, wall=True)
     while True:
         health = gpu.probe.health(gpu.uuid)
         if health.ok:
             _claim_for(rt, gpu, what)
             return health.snapshot
         reason = "; ".join(health.problems)
-        if time.monotonic() >= deadline:
+        if deadline.expired():
             raise GpuUnavailableError(
                 f"GPU {gpu.uuid} unhealthy for {rt.settings.health_wait_s:.0f}s: {reason}"
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import redis
 
 from croqq.delivery import grace, keys
-from croqq.delivery.leases import Heartbeat, Lease, StepLeases
+from croqq.delivery.leases import Heartbeat, Lease, StepLeases, owner_id
 from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import SubmitMessage
 from croqq.delivery.state import ShapeState, make_sid
@@ -17,7 +18,7 @@ from croqq.domain.fsm import BaselineMeasured, Built, Phase, Proposed, Stored
 from croqq.domain.manifest import load_manifest
 from croqq.domain.records import BuildOutcome, Idea, Measurement
 from croqq.domain.schedule import build_schedule
-from croqq.errors import StaleStepError
+from croqq.errors import LeaseHeldError, StaleStepError
 from croqq.placement import registry
 from croqq.placement.assign import Placement
 from croqq.processes.redis_server import RedisServer
@@ -572,3 +573,20 @@ def test_a_fill_from_a_stale_registry_read_places_nothing_on_a_gpu_quarantined_s
     assert cluster.placement.fill_all(gpus=snapshot) == 0
     assert cluster.client.scard(keys.active("GPU-a")) == 0
     assert cluster.client.zcard(keys.pending(GPU_TYPE)) == 2
+
+
+def test_waiting_for_a_held_lease_counts_wall_seconds_whatever_the_load(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder's TTL runs on Redis's clock: a busy host neither waits longer nor gives up sooner."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (100.0 * (os.cpu_count() or 1), 0.0, 0.0))
+    monkeypatch.setenv("CROQQ_PATIENCE", "100")
+    holder = owner_id("first")  # this live process: never taken for dead
+    assert Lease(redis_client, "writer", holder, ttl_s=0.5).try_acquire()
+    started = time.monotonic()
+    Lease(redis_client, "writer", owner_id("second"), ttl_s=5).acquire(3.0, "the writer lock")
+    assert time.monotonic() - started < 2.5  # taken once the holder's TTL ran out
+    started = time.monotonic()
+    with pytest.raises(LeaseHeldError, match=r"^the writer lock is already held by .*:second \(lease "):
+        Lease(redis_client, "writer", owner_id("third"), ttl_s=5).acquire(0.3, "the writer lock")
+    assert time.monotonic() - started < 2.0  # 0.3 wall seconds, not stretched by load or CROQQ_PATIENCE

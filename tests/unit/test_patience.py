@@ -1,5 +1,6 @@
 """Waits that stretch with the machine's load: a deadline counts unloaded seconds, CROQQ_PATIENCE scales
-every budget (a bad value is refused, never ignored), and a wait that times out names what it waited for."""
+every budget (a bad value is refused, never ignored), and a wait that times out names what it waited for.
+A wall deadline (leases, stop graces) counts plain wall seconds: no load, no CROQQ_PATIENCE."""
 
 from __future__ import annotations
 
@@ -95,3 +96,38 @@ def test_wait_until_raises_timeout_naming_the_event(monkeypatch: pytest.MonkeyPa
     load(monkeypatch, 0.5)
     with pytest.raises(TimeoutError, match=r"^the fish to bite: not within \d+ s \(budget 0.1 s at load\)"):
         wait_until(lambda: False, 0.1, "the fish to bite", every_s=0.01)
+
+
+def test_a_wall_deadline_counts_wall_seconds_whatever_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = load(monkeypatch, 100.0)
+    deadline = Deadline(0.2, wall=True)
+    assert not deadline.expired()
+    assert 0 < deadline.left_s <= 0.2
+    time.sleep(0.3)
+    assert deadline.expired()  # a stretched deadline would have 0.197 unloaded seconds left
+    assert deadline.left_s < 0
+    assert reads == []  # the load average is never read
+
+
+@pytest.mark.parametrize("patience_set", ["100", "slow"])
+def test_a_wall_deadline_ignores_croqq_patience(monkeypatch: pytest.MonkeyPatch, patience_set: str) -> None:
+    monkeypatch.setenv("CROQQ_PATIENCE", patience_set)
+    deadline = Deadline(0.2, wall=True)
+    assert deadline.budget_s == 0.2
+    time.sleep(0.3)
+    assert deadline.expired()
+
+
+def test_wait_until_wall_times_out_in_wall_seconds_naming_the_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    load(monkeypatch, 100.0)
+    monkeypatch.setenv("CROQQ_PATIENCE", "100")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"^the lease to expire: not within 0.2 s$"):
+        wait_until(lambda: False, 0.2, "the lease to expire", every_s=0.01, wall=True)
+    assert time.monotonic() - started < 2
+    answers = iter([None, "taken"])
+    assert wait_until(lambda: next(answers), 0.2, "the lease", every_s=0.01, wall=True) == "taken"
+
+
+def test_a_zero_wall_budget_is_expired_at_once() -> None:
+    assert Deadline(0, wall=True).expired()  # `croqq clean` checks the writer lock once, without waiting
