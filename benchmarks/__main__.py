@@ -1,7 +1,8 @@
-"""`python -m benchmarks [--only PART,...] [--out bench/results.json]`: all benchmarks, or the parts named.
-The figures go to --out (JSON) and as one line to the history (benchmarks/history.jsonl: commit, date,
-machine, parts, figures). The tuning benchmark takes `[--landscape FILE ...] [--budgets 30,150]
-[--seeds N] [--json]` (`--json`: print only its report)."""
+"""`python -m benchmarks [--only PART,...] [--baseline REV] [--out bench/results.json]`: all benchmarks, or
+the parts named. The figures go to --out (JSON) and as one line to the history (benchmarks/history.jsonl:
+commit, date, machine, parts, figures). The writer benchmark measures the store of `--baseline` (a git
+revision, default HEAD) beside this tree's. The tuning benchmark takes `[--landscape FILE ...]
+[--budgets 30,150] [--seeds N] [--json]` (`--json`: print only its report)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ log = logging.getLogger("benchmarks")
 Part = Callable[[Path, argparse.Namespace], dict[str, Any]]
 # name -> (what the log says it runs, the part: work folder and arguments -> figures), in running order
 PARTS: dict[str, tuple[str, Part]] = {
-    "writer": ("writer benchmark", lambda w, a: writer_bench.run(w)),
+    "writer": ("writer benchmark", lambda w, a: writer_bench.run(w, a.baseline)),
     "sweep": ("control-plane sweep (every shape, 8 simulated GPUs)", lambda w, a: cluster_bench.sweep(w)),
     "recovery": ("recovery (each worker kind killed mid-step)", lambda w, a: cluster_bench.recovery(w)),
     "redis": (
@@ -88,6 +89,11 @@ def _args() -> argparse.Namespace:
         action="append",
         help="tuning: a recorded landscape (Kernel Tuner cache file, JSON or gzipped JSON), repeatable "
         f"(default: {tuning_bench.DEFAULT_LANDSCAPE.relative_to(tuning_bench.LANDSCAPES.parent)})",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="HEAD",
+        help="writer: the git revision whose store is measured beside this tree's (default: HEAD)",
     )
     parser.add_argument("--budgets", default="30,150", help="tuning: measured configurations per run")
     parser.add_argument("--seeds", type=int, default=20, help="tuning: runs per recorded landscape")

@@ -9,7 +9,8 @@ keys' next iterations (20..59, with their compile-failed attempts), one commit e
 same repo (hard links, except the reflogs that git appends to):
 
 - ``writer_iters_per_s`` / ``_no_worktree``: ResultsWriter.apply with / without working-tree sync, on
-  the 10k repo; the time includes the batched index flushes and the final one at close;
+  the 10k repo; the time includes the batched index flushes; ``writer_close_ms_at_10k``: the close
+  after the stream (the last index flush and git's repack), timed apart from the commits;
 - ``writer_commit_ms_at_10k`` / ``_at_100``: mean ms per commit of the same stream on the 10k repo and on
   a repo holding only the hot keys' 100 iterations (the keys' own files are the same size in both);
   ``writer_commit_ms_p99``: 99th percentile at 10k;
@@ -29,17 +30,22 @@ Each writer figure is the best of ``ROUNDS`` runs on fresh copies (other load on
 only ever slows a run down); dirty pages of the copy are synced before a run starts.
 
 Repo size, commit time at depth and killed writers, :func:`compaction`, each figure beside its
-``baseline_`` twin measured in the same run with the store of ``BASELINE_COMMIT`` (the writer that merged
-its own packs in Python; unpacked with ``git archive``, run in a child interpreter):
+``baseline_`` twin measured in the same run with the store of the baseline revision (``--baseline REV``
+of ``python -m benchmarks``, default ``HEAD``: the last commit's writer beside the working tree's;
+unpacked with ``git archive``, run in a child interpreter; ``baseline_commit`` names it):
 
-- ``sweep_*``: a demo-like sweep written through the real writer (268 keys x 30 iterations, the sample
-  requests with their compile-failed attempts, one ``ResultsWriter.apply`` each, then ``close``; no
-  working-tree sync, so ``.git`` holds no index): ``sweep_git_bytes`` is ``.git/objects`` after it;
+- ``sweep_*``: a demo-like sweep written through the real writer (268 keys x 30 iterations, 8 keys in
+  flight at a time as on the demo's 8 GPUs, the sample requests with their compile-failed attempts, one
+  ``ResultsWriter.apply`` each, then ``close``; no working-tree sync, so ``.git`` holds no index);
+  ``sweep_all_*``: the same with all 268 keys in flight (a fleet with a GPU per shape: consecutive
+  commits never touch the same key's files, the worst case for git's choice of delta bases, which
+  groups files by the last 16 characters of their path). ``sweep_git_bytes`` is ``.git/objects`` after it;
   ``sweep_bytes_per_iter`` that over the iterations, ``sweep_records_bytes_per_iter`` the same without
   candidate sources (srcs/, headers/, kernels/) and raw timing/profile text (perf/), which are
   ``sweep_sources_bytes_per_iter`` and ``sweep_perf_bytes_per_iter`` (each object's size in its pack,
   from ``git cat-file --batch-check``; a folder counts with what it holds; pack headers and indexes count
-  as records); ``sweep_iters_per_s`` and ``sweep_commit_ms_mean`` include the final repack at close;
+  as records); ``sweep_iters_per_s`` and ``sweep_commit_ms_mean`` count the commits, ``sweep_close_ms``
+  the close after them (its last repack);
 - ``compact_commit_ms_at_100`` / ``_10k`` / ``_100k``: mean ms per commit of the measured stream (as
   above, fsync on, no working tree: a 100k repo's index alone is ~20 MB, a cost of the working-tree
   option, not of the commit) on repos with 100, 10,094 and 100,040 iterations of history,
@@ -89,11 +95,11 @@ GROUP = 2500
 SEED = 7
 ROUNDS = 3
 SWEEP_DEPTH = 30
+SWEEP_IN_FLIGHT = 8  # keys tuned at a time, as on the 8 simulated GPUs of `make demo`
 DEEP_COLD_DEPTH = int(os.environ.get("CROQQ_BENCH_DEEP_DEPTH", "380"))  # 263 x 380 + 100 = 100,040 iters
 SYNTH_KEYS_PER_COMMIT = 8
 KILLS = 20
 COMMITS_PER_KILL = 5
-BASELINE_COMMIT = "d31e09a"  # the writer that merged its own packs in Python, before git's repack
 SRC_ROOT = Path(__file__).resolve().parents[1]
 SWEEP_SCRIPT = """
 import sys, time
@@ -101,14 +107,16 @@ from pathlib import Path
 from tests.samples import sample_requests, schedule_keys
 from croqq.store.gitrepo import GitRepo
 from croqq.store.writer import ResultsWriter
-path, depth, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-requests = list(sample_requests(sys.argv[4], sys.argv[5], schedule_keys(), depth, seed))
+path, depth, seed, in_flight = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[6])
+requests = list(sample_requests(sys.argv[4], sys.argv[5], schedule_keys(), depth, seed, in_flight=in_flight))
 writer = ResultsWriter(GitRepo(path, sync_worktree=False))
 started = time.perf_counter()
 for req in requests:
     writer.apply(req)
+closing = time.perf_counter()
 writer.close()
-print(time.perf_counter() - started, sum(r.kind == "iteration" for r in requests), len(requests))
+iterations = sum(r.kind == "iteration" for r in requests)
+print(closing - started, time.perf_counter() - closing, iterations, len(requests))
 """
 KILL_SCRIPT = """
 import sys
@@ -206,15 +214,16 @@ def _time_writer(
         started = time.perf_counter()
         writer.apply(req)
         times.append(time.perf_counter() - started)
+    total, cpu = sum(times), _cpu_s() - cpu
     started = time.perf_counter()
     repo.close()
-    total = sum(times) + time.perf_counter() - started
-    cpu = _cpu_s() - cpu
+    close_s = time.perf_counter() - started
     iterations = sum(1 for r in requests if r.kind == "iteration")
     times.sort()
     return {
         "iters_per_s": iterations / total,
         "commit_ms_mean": 1e3 * total / len(requests),
+        "close_ms": 1e3 * close_s,
         "commit_ms_median": 1e3 * statistics.median(times),
         "commit_ms_p99": 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))],
         "commit_cpu_ms_mean": 1e3 * cpu / len(requests),  # every thread's CPU and git's repacks'
@@ -296,6 +305,7 @@ def _figures(runs: dict[str, dict[str, float]], naive: float) -> dict[str, float
         "writer_commit_ms_at_10k_no_worktree": ms("10k bare"),
         "writer_commit_ms_p99_no_worktree": ms("10k bare", "commit_ms_p99"),
         "writer_commit_ms_at_363_all_keys": ms("363"),
+        "writer_close_ms_at_10k": ms("10k", "close_ms"),
         "ratio_10k_over_100": round(ms("10k") / ms("100"), 2),
         "ratio_10k_over_100_no_worktree": round(ms("10k bare") / ms("100 bare"), 2),
         "ratio_10k_over_363_all_keys": round(ms("10k") / ms("363"), 2),
@@ -305,8 +315,9 @@ def _figures(runs: dict[str, dict[str, float]], naive: float) -> dict[str, float
     }
 
 
-def run(work_dir: Path) -> dict[str, float | int]:
-    """Build the repos under ``work_dir``, measure, return the figures."""
+def run(work_dir: Path, baseline: str = "HEAD") -> dict[str, float | int | str]:
+    """Build the repos under ``work_dir``, measure (the compaction figures beside those of the store of
+    revision ``baseline``), return the figures."""
     work_dir.mkdir(parents=True, exist_ok=True)
     hot, cold, measured = _streams()
     repos = _build(work_dir, hot, cold)
@@ -330,7 +341,8 @@ def run(work_dir: Path) -> dict[str, float | int]:
         "repo_files": _count_files(repos["10k"]),
         "measured_commits": len(measured),
         **_figures(runs, naive),
-        **compaction(work_dir / "compaction"),
+        **compaction(work_dir / "compaction", _baseline_src(work_dir, baseline)),
+        "baseline_commit": _revision(baseline),
     }
 
 
@@ -343,13 +355,24 @@ def _child_env(src: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{SRC_ROOT}"}
 
 
-def _baseline_src(work_dir: Path) -> Path:
-    """The croqq package and kernels/ of BASELINE_COMMIT, unpacked from this source tree's git repo."""
+def _revision(rev: str) -> str:
+    """The commit ``rev`` names in this source tree's git repo (short form)."""
+    out = subprocess.run(
+        ["git", "-C", str(SRC_ROOT), "rev-parse", "--short", "--verify", f"{rev}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+def _baseline_src(work_dir: Path, rev: str) -> Path:
+    """The croqq package and kernels/ of revision ``rev``, unpacked from this source tree's git repo."""
     dst = work_dir / "baseline-src"
     if not (dst / "croqq").is_dir():
         dst.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(
-            ["git", "-C", str(SRC_ROOT), "archive", "--format=tar", BASELINE_COMMIT, "croqq", "kernels"],
+            ["git", "-C", str(SRC_ROOT), "archive", "--format=tar", _revision(rev), "croqq", "kernels"],
             check=True,
             capture_output=True,
         )
@@ -383,13 +406,15 @@ def _bytes_by_kind(repo: Path) -> dict[str, int]:
     return out
 
 
-def _sweep(path: Path, src: Path) -> dict[str, float]:
-    """The demo-like sweep with the writer of ``src`` (a source tree), in a child interpreter."""
+def _sweep(path: Path, src: Path, in_flight: int) -> dict[str, float]:
+    """The demo-like sweep with the writer of ``src`` (a source tree), ``in_flight`` keys at a time (0:
+    all), in a child interpreter."""
     shutil.rmtree(path, ignore_errors=True)
     env = _child_env(src)
     args = [sys.executable, "-c", SWEEP_SCRIPT, str(path), str(SWEEP_DEPTH), str(SEED), GPU, DSL]
+    args.append(str(in_flight))
     proc = subprocess.run(args, check=True, capture_output=True, text=True, env=env, cwd=src)  # -c: cwd first
-    seconds, iterations, requests = proc.stdout.split()
+    seconds, close_s, iterations, requests = proc.stdout.split()
     total = _dir_bytes(path / ".git" / "objects")
     kinds = _bytes_by_kind(path)
     iters = int(iterations)
@@ -401,6 +426,7 @@ def _sweep(path: Path, src: Path) -> dict[str, float]:
         "perf_bytes_per_iter": round(kinds["perf"] / iters),
         "commit_ms_mean": round(1e3 * float(seconds) / int(requests), 2),
         "iters_per_s": round(iters / float(seconds), 1),
+        "close_ms": round(1e3 * float(close_s)),
         "iterations": iters,
     }
 
@@ -482,6 +508,7 @@ def _depth_figures(work_dir: Path) -> dict[str, float]:
         best = _best_writer(repo, copy, measured, False)
         out[f"compact_commit_ms_at_{name}"] = round(best["commit_ms_mean"], 2)
         out[f"compact_commit_cpu_ms_at_{name}"] = round(best["commit_cpu_ms_mean"], 2)
+        out[f"compact_close_ms_at_{name}"] = round(best["close_ms"], 2)
         if name != "100k":  # the same stream with loose objects instead of the per-commit pack
             loose = _best_writer(repo, copy, measured, False, loose=True)
             out[f"compact_commit_ms_at_{name}_loose"] = round(loose["commit_ms_mean"], 2)
@@ -498,21 +525,32 @@ def _depth_figures(work_dir: Path) -> dict[str, float]:
     return out
 
 
-def compaction(work_dir: Path, baseline_src: Path | None = None) -> dict[str, float]:
-    """Repo size after a demo-like sweep, with and without compaction, and commit time at depth."""
+def compaction(work_dir: Path, baseline_src: Path) -> dict[str, float]:
+    """Repo size after demo-like sweeps, commit time at depth and pack files after killed writers, each
+    with this tree's writer and with the one in ``baseline_src``."""
     work_dir.mkdir(parents=True, exist_ok=True)
     figures: dict[str, float] = {}
-    for prefix, src in (("sweep_", SRC_ROOT), ("baseline_sweep_", baseline_src or _baseline_src(work_dir))):
-        log.info("%s: 268 keys x %d iterations through the writer of %s", prefix, SWEEP_DEPTH, src)
-        result = _sweep(work_dir / f"{prefix}repo", src)
-        figures |= {prefix + name: value for name, value in result.items()}
-        shutil.rmtree(work_dir / f"{prefix}repo", ignore_errors=True)
-    figures["sweep_size_ratio"] = round(figures["sweep_git_bytes"] / figures["baseline_sweep_git_bytes"], 3)
+    for sweep, in_flight in (("sweep_", SWEEP_IN_FLIGHT), ("sweep_all_", 0)):
+        for prefix, src in (("", SRC_ROOT), ("baseline_", baseline_src)):
+            log.info(
+                "%s%s: 268 keys x %d iterations, %s at a time, through the writer of %s",
+                prefix,
+                sweep,
+                SWEEP_DEPTH,
+                in_flight or "all",
+                src,
+            )
+            result = _sweep(work_dir / f"{prefix}{sweep}repo", src, in_flight)
+            figures |= {prefix + sweep + name: value for name, value in result.items()}
+            shutil.rmtree(work_dir / f"{prefix}{sweep}repo", ignore_errors=True)
+        figures[sweep + "size_ratio"] = round(
+            figures[sweep + "git_bytes"] / figures["baseline_" + sweep + "git_bytes"], 3
+        )
     figures |= _depth_figures(work_dir / "depth")
-    log.info("commit time at depth with the writer of %s", baseline_src or _baseline_src(work_dir))
-    baseline = _baseline_depth(work_dir / "baseline-depth", baseline_src or _baseline_src(work_dir))
+    log.info("commit time at depth with the writer of %s", baseline_src)
+    baseline = _baseline_depth(work_dir / "baseline-depth", baseline_src)
     figures |= {"baseline_" + name: value for name, value in baseline.items()}
-    for prefix, src in (("", SRC_ROOT), ("baseline_", baseline_src or _baseline_src(work_dir))):
+    for prefix, src in (("", SRC_ROOT), ("baseline_", baseline_src)):
         log.info(
             "%sSIGKILLed writers: %d x %d STOREs with the writer of %s", prefix, KILLS, COMMITS_PER_KILL, src
         )

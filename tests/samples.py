@@ -377,18 +377,27 @@ def sample_requests(
     *,
     max_iter: int = 150,
     attempt_rate: float = 0.08,
+    in_flight: int | None = None,
 ) -> Iterator[StoreRequest]:
     """STORE requests for iterations 0..iters_per_key-1 of every key (plus a few compile-failed attempts),
-    in iteration order per key, keys interleaved. A key completes when it reaches ``max_iter``."""
+    in iteration order per key, keys interleaved: all of them, or ``in_flight`` at a time in schedule
+    order (as a fleet of that many GPUs tunes them: the next key starts when one has had its iterations).
+    A key completes when it reaches ``max_iter``."""
     ctx = _Ctx(gpu=gpu, dsl=dsl, max_iter=max_iter, rng=random.Random(seed))
-    shapes = [_Shape(key=key) for key in keys]
-    for _ in range(iters_per_key):
-        for sh in shapes:
+    waiting = [_Shape(key=key) for key in reversed(keys)]
+    rounds: dict[str, int] = {}
+    active: list[_Shape] = []
+    while waiting or active:
+        while waiting and len(active) < (in_flight or len(keys)):
+            active.append(waiting.pop())
+        for sh in active:
+            rounds[sh.key] = rounds.get(sh.key, 0) + 1
             if sh.current_iter >= max_iter:
                 continue
             if sh.current_iter >= 0 and ctx.rng.random() < attempt_rate:
                 yield _attempt(ctx, sh)
             yield _iteration(ctx, sh)
+        active = [sh for sh in active if rounds[sh.key] < iters_per_key]
 
 
 def schedule_keys(count: int | None = None) -> list[str]:

@@ -3,9 +3,10 @@
 Each commit leaves one small pack; a geometric repack rolls the small packs (and any loose objects) into
 bigger ones with git's delta compression, so the pack count stays about logarithmic in the repo's size.
 It also merges packs that earlier, killed writer processes left, since it works on whatever is on disk.
-A repack is due every ``every`` commits, at close, and at the writer's first commit when the folder
-already holds more than ``every`` packs (left by a killed writer). git runs at a lower CPU priority
-(``nice``), so on a small machine the writer's commits come first.
+A repack is due every ``every`` commits, at close when anything was committed since the last one, and
+at the writer's first commit when the folder already holds more than ``every`` packs (left by a killed
+writer). git runs at a lower CPU priority (``nice``), so on a small machine the writer's commits come
+first.
 
 The thread only runs ``git``; a commit never waits for it. At most one repack runs on a repo at a time,
 also across processes: an exclusive ``flock`` on ``<gitdir>/croqq-repack.lock`` is taken before git
@@ -66,8 +67,9 @@ class Repacker:
         self.gitdir = gitdir
         self.every = every
         self.done = 0  # repacks finished (the owner reopens its handle when this changes)
-        self._commits = 0
+        self._commits = 0  # since the last repack fell due
         self._due = every > 0 and len(list((gitdir / "objects" / "pack").glob("*.pack"))) > every
+        self._pending = int(self._due)  # commits (or leftover packs) that no finished repack covers yet
         self._closing = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="croqq-repack", daemon=True)
@@ -77,17 +79,27 @@ class Repacker:
         """One more commit; every ``every`` commits a repack is due (never blocks on one running)."""
         with self._wake:
             self._commits += 1
+            self._pending += 1
             if self.every and self._commits >= self.every:
                 self._commits, self._due = 0, True
                 self._wake.notify()
 
     def close(self) -> None:
-        """Wait for the repack in flight, then run a last one."""
+        """Wait for the repack in flight, then run a last one unless a finished one covers every commit
+        (a writer that stops right after a repack does not run git again)."""
         with self._wake:
             self._closing = True
             self._wake.notify()
         self._thread.join()
-        if repack(self.gitdir, wait=True):
+        if self._pending:
+            self._repack(wait=True)
+
+    def _repack(self, wait: bool = False) -> None:
+        with self._wake:
+            covered = self._pending  # what is on disk as git starts
+        if repack(self.gitdir, wait):
+            with self._wake:
+                self._pending -= covered
             self.done += 1
 
     def _run(self) -> None:
@@ -99,7 +111,6 @@ class Repacker:
                     return
                 self._due = False
             try:
-                if repack(self.gitdir):
-                    self.done += 1
+                self._repack()
             except Exception as exc:  # never end the thread: the next repack that is due retries
                 log.warning("%s: repack skipped: %s", self.gitdir, exc)

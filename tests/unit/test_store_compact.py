@@ -16,8 +16,9 @@ from pathlib import Path
 import pygit2
 import pytest
 
+from croqq.patience import wait_until
 from croqq.store import paths
-from croqq.store._repack import COMMAND, LOCK_NAME, repack
+from croqq.store._repack import COMMAND, LOCK_NAME, Repacker, repack
 from croqq.store.gitrepo import GitRepo
 from croqq.store.validate import validate_repo
 from croqq.store.writer import ResultsWriter
@@ -147,6 +148,30 @@ def test_commits_never_wait_for_a_repack_and_few_packs_are_left(tmp_path: Path) 
     assert len(packs(path)) <= geometric_bound(path)
     git(path, "fsck", "--strict", "--no-dangling")
     assert git(path, "show", "main:d/40.txt") == "40"
+
+
+def test_close_repacks_only_what_no_finished_repack_covers(tmp_path: Path) -> None:
+    repo = GitRepo(tmp_path / "results", sync_worktree=False)
+    repo.commit({"a.txt": b"0"}, "first")
+    gitdir = repo.path / ".git"
+    repacker = Repacker(gitdir, every=2)
+    for i in (1, 2):
+        repo.commit({"a.txt": b"%d" % i}, f"c{i}")
+        repacker.poke()
+    wait_until(lambda: repacker.done == 1, 30.0, "the repack due after two commits")
+    repacker.close()
+    assert repacker.done == 1  # nothing committed since: close runs no git
+    lock = os.open(gitdir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # the next due repack is skipped: its commits stay pending
+    repacker = Repacker(gitdir, every=2)
+    for i in (3, 4):
+        repo.commit({"a.txt": b"%d" % i}, f"c{i}")
+        repacker.poke()
+    os.close(lock)
+    repacker.close()
+    assert repacker.done >= 1
+    assert len(packs(repo.path)) == 1
+    repo.close()
 
 
 def test_two_repacks_never_run_at_once(tmp_path: Path) -> None:
