@@ -546,10 +546,10 @@ def compaction(work_dir: Path, baseline_src: Path) -> dict[str, float]:
         figures[sweep + "size_ratio"] = round(
             figures[sweep + "git_bytes"] / figures["baseline_" + sweep + "git_bytes"], 3
         )
-    figures |= _depth_figures(work_dir / "depth")
-    log.info("commit time at depth with the writer of %s", baseline_src)
-    baseline = _baseline_depth(work_dir / "baseline-depth", baseline_src)
-    figures |= {"baseline_" + name: value for name, value in baseline.items()}
+    for prefix, src in (("", SRC_ROOT), ("baseline_", baseline_src)):
+        log.info("commit time at depth with the writer of %s", src)
+        depth = _child_depth(work_dir / f"{prefix}depth", src)
+        figures |= {prefix + name: value for name, value in depth.items()}
     for prefix, src in (("", SRC_ROOT), ("baseline_", baseline_src)):
         log.info(
             "%sSIGKILLed writers: %d x %d STOREs with the writer of %s", prefix, KILLS, COMMITS_PER_KILL, src
@@ -593,8 +593,9 @@ def _killed_writers(path: Path, src: Path) -> dict[str, float]:
     return out
 
 
-def _baseline_depth(path: Path, src: Path) -> dict[str, float]:
-    """:func:`_depth_figures` (this module's code) over the store of ``src``, in a child interpreter."""
+def _child_depth(path: Path, src: Path) -> dict[str, float]:
+    """:func:`_depth_figures` (this module's code) over the store of ``src``, in a child interpreter (so
+    both stores run alike, with no logging)."""
     env = _child_env(src)
     args = [sys.executable, "-c", DEPTH_SCRIPT, str(Path(__file__).resolve()), str(path)]
     proc = subprocess.run(args, check=True, capture_output=True, text=True, env=env, cwd=src)
