@@ -1,0 +1,107 @@
+"""Kernel sources of an imported tree, in croqq's logical form: each quoted ``#include`` resolved from the
+including file's folder inside the tree and renamed to the header's path in the tree (its name in the
+header closure), so that the writer stores it self-contained like every croqq source
+(:func:`croqq.domain.source.stored_files`). An include that does not resolve inside the tree is
+commented out and named: that source is not compilable. Reads only; never writes to the tree."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from croqq.domain.source import INCLUDE
+
+MAX_BYTES = 4 * 1024 * 1024  # a kernel source or header larger than this is not a source
+
+
+@dataclass(frozen=True)
+class TreeSource:
+    """One source read from the tree: its logical text, its header closure (name -> text) and the
+    includes that did not resolve (each a one-line reason; non-empty: not compilable)."""
+
+    path: str  # relative to the tree's root
+    text: str
+    headers: dict[str, str] = field(default_factory=dict)
+    unresolved: list[str] = field(default_factory=list)
+
+    @property
+    def compilable(self) -> bool:
+        return not self.unresolved
+
+
+def _read(root: Path, rel: str) -> str | None:
+    """A file's text, when ``rel`` stays inside the tree and it is a readable UTF-8 text file."""
+    if not rel or rel.startswith("/") or "\\" in rel:
+        return None
+    norm = posixpath.normpath(rel)
+    if norm == ".." or norm.startswith("../"):
+        return None
+    path = root / norm
+    try:
+        if not path.resolve().is_relative_to(root.resolve()) or not path.is_file():
+            return None
+        if path.stat().st_size > MAX_BYTES:
+            return None
+        data = path.read_bytes()
+        if b"\0" in data:
+            return None
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class SourceReader:
+    """Reads sources of one tree, each header once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._headers: dict[str, tuple[str, list[str], list[str]] | None] = {}
+
+    def read(self, rel: str) -> TreeSource | None:
+        """The source at ``rel`` (relative to the root) in logical form; None when it cannot be read."""
+        text = _read(self.root, rel)
+        if text is None:
+            return None
+        body, deps, unresolved = self._logical(rel, text)
+        headers: dict[str, str] = {}
+        todo = list(deps)
+        while todo:
+            name = todo.pop()
+            if name in headers:
+                continue
+            entry = self._header(name)
+            assert entry is not None  # deps only name headers that resolved
+            headers[name], sub, bad = entry
+            todo += sub
+            unresolved += [r for r in bad if r not in unresolved]
+        return TreeSource(rel, body, dict(sorted(headers.items())), unresolved)
+
+    def _header(self, name: str) -> tuple[str, list[str], list[str]] | None:
+        if name not in self._headers:
+            self._headers[name] = None  # an include cycle stops here
+            text = _read(self.root, name)
+            self._headers[name] = self._logical(name, text) if text is not None else None
+        return self._headers[name]
+
+    def _logical(self, rel: str, text: str) -> tuple[str, list[str], list[str]]:
+        """The text with quoted includes renamed to tree paths (unresolved ones commented out), the
+        names it includes, and the reasons of the unresolved ones."""
+        deps: list[str] = []
+        unresolved: list[str] = []
+
+        def repl(m: re.Match[str]) -> str:
+            if m.group(2) == "<":
+                return m.group(0)
+            inc = m.group(3).strip()
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(rel), inc))
+            if not inc.startswith("/") and _read(self.root, target) is not None:
+                self._header(target)  # read once (an include cycle finds it in progress)
+                deps.append(target)
+                return f'{m.group(1)}"{target}"'
+            line = text.count("\n", 0, m.start()) + 1
+            unresolved.append(f'{rel} line {line}: #include "{inc}" is not a file of the imported tree')
+            return f'// croqq import: unresolved #include "{inc}"'
+
+        return INCLUDE.sub(repl, text), deps, unresolved
