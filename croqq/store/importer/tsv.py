@@ -123,7 +123,7 @@ def _json_fields(line: str) -> _Fields | None:
         return None
     if not isinstance(data, dict):
         return None
-    values = {_FIELDS.get(k, k): str(v) for k, v in data.items() if v is not None}
+    values = {_FIELDS.get(str(k), str(k)): str(v) for k, v in data.items() if v is not None}
     values.setdefault("id", str(data.get("iteration", "")))
     return _Fields(values, values.get("tflops"))
 
