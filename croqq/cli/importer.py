@@ -68,7 +68,9 @@ def _check_paths(src: Path, into: Path) -> None:
         raise ConfigError(f"{src}: no such file or folder to import")
     s, r = src.resolve(), into.resolve()
     if r == s or s in r.parents:
-        raise ConfigError(f"the results repo {into} is inside {src}; import never writes to the tree it reads")
+        raise ConfigError(
+            f"the results repo {into} is inside {src}; import never writes to the tree it reads"
+        )
 
 
 def _ask_for_reconcile(settings) -> None:  # type: ignore[no-untyped-def]
@@ -86,7 +88,9 @@ def _ask_for_reconcile(settings) -> None:  # type: ignore[no-untyped-def]
 
 @app.command("import")
 def import_tree(
-    src: Path = typer.Argument(..., help="A CroqTile-style tuning tree, one shape folder or one results.tsv."),
+    src: Path = typer.Argument(
+        ..., help="A CroqTile-style tuning tree, one shape folder or one results.tsv."
+    ),
     into: Path | None = typer.Option(None, "--into", help="Results repo (default CROQQ_RESULTS_REPO)."),
     gpu: str | None = typer.Option(
         None, "--gpu", help="GPU type the imported shapes resume on (default: the cluster's one type)."

@@ -276,3 +276,80 @@ def test_an_imported_shape_resumes_after_its_imported_iterations_with_its_ideas(
     assert "deeper pipeline" in ideas_markdown(entries)
     hashes = tried_hashes(repo, GPU, DSL, KEY)
     assert len(hashes) >= 5  # every imported kernel and the idea note
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+CLI_KEY = "matmul_f16fp32_1024x1024x1024"
+TSV = f"""iter\tkernel\ttflops\tdecision\tbottleneck\tidea_summary
+iter000\tcublas\t500.0\tBASELINE\t-\tcuBLAS reference
+iter001\tsrcs/{CLI_KEY}/v1.cu\t300.0\tKEEP\tmemory\tfirst tile
+iter002\tsrcs/{CLI_KEY}/v2.cu\t0\tCOMPILE_FAIL\tptxas error\tbad smem
+iter003\tsrcs/{CLI_KEY}/v3.cu\t350.0\tKEEP\tcompute\tdeeper pipeline
+"""
+
+
+def cli_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "team"
+    run = root / "tuning/sm90_H100/cuda"
+    (run / "logs" / CLI_KEY).mkdir(parents=True)
+    (run / "logs" / CLI_KEY / "results.tsv").write_text(TSV)
+    (run / "srcs" / CLI_KEY).mkdir(parents=True)
+    (run / "srcs/common").mkdir()
+    (run / "srcs/common/tile.cuh").write_text('#pragma once\n#include "mma.cuh"\n')
+    (run / "srcs/common/mma.cuh").write_text("#pragma once\n")
+    for name, stages in (("v1", 3), ("v3", 4)):
+        (run / "srcs" / CLI_KEY / f"{name}.cu").write_text(KERNEL % stages)
+    gdn = run / "logs/gdn_f16_B2_T4_H8_K128_V128"
+    gdn.mkdir()
+    (gdn / "results.tsv").write_text(
+        "iter\tkernel\ttflops\tdecision\tbottleneck\tidea_summary\niter001\tk.cu\t12.5\tKEEP\t-\tx\n"
+    )
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_croqq_import_reports_each_log_writes_once_and_never_touches_the_tree(
+    cluster_env: dict[str, str],
+    tmp_path: Path,
+    croqq,  # type: ignore[no-untyped-def]
+) -> None:
+    import json
+
+    src = cli_tree(tmp_path)
+    before = snapshot(src)
+    repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
+    args = ("import", str(src), "--into", str(repo), "--gpu", GPU, "--json")
+    dry = croqq(cluster_env, *args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert not repo.exists()
+    first = croqq(cluster_env, *args)
+    assert first.returncode == 0, first.stderr
+    objs = {o["source"].split("/")[-2]: o for o in json.loads(first.stdout)}
+    mm = objs[CLI_KEY]
+    assert (mm["key"], mm["imported_as"], mm["rows"], mm["reference_tflops"]) == (KEY, "resumable", 4, 500.0)
+    assert (mm["written"]["iterations"], mm["written"]["attempts"]) == (3, 1)
+    gdn = objs["gdn_f16_B2_T4_H8_K128_V128"]
+    assert (gdn["imported_as"], gdn["written"]["history_rows"]) == ("history", 1)
+    valid = croqq(cluster_env, "validate", "--dsl", "cuda", "--repo", str(repo))
+    assert valid.returncode == 0, valid.stdout
+    again = croqq(cluster_env, *args)
+    assert all(o["written"]["commit"] is None for o in json.loads(again.stdout))
+    table = croqq(cluster_env, *args[:-1])
+    assert table.returncode == 0 and "imported 2 log(s): 1 resumable, 1 history, 0 skipped" in table.stdout
+    assert snapshot(src) == before
+
+
+def test_croqq_import_of_a_missing_tree_is_one_line_exit_2(
+    cluster_env: dict[str, str],
+    tmp_path: Path,
+    croqq,  # type: ignore[no-untyped-def]
+) -> None:
+    result = croqq(cluster_env, "import", str(tmp_path / "nope"), "--gpu", GPU)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"croqq: error: {tmp_path / 'nope'}: no such file or folder to import"
+    ]
