@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,6 +14,9 @@ from rich.table import Table
 from croqq.cli import app
 from croqq.cli.common import load_settings
 from croqq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from croqq.store.importer.store import Written
 
 COLUMNS = (
     "source",
@@ -36,7 +40,7 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def _print_table(objects: list[dict[str, object]], dry_run: bool) -> None:
+def _print_table(objects: list[dict[str, object]], written: list[Written], dry_run: bool) -> None:
     table = Table(title="croqq import" + (" (dry run: nothing written)" if dry_run else ""))
     for col in COLUMNS:
         table.add_column(col, overflow="fold")
@@ -44,22 +48,19 @@ def _print_table(objects: list[dict[str, object]], dry_run: bool) -> None:
         table.add_row(*(_cell(obj.get(col)) for col in COLUMNS))
     console = Console()
     console.print(table)
+    problems = 0
     for obj in objects:
         for p in obj["problems"]:  # type: ignore[attr-defined]
             where = f" line {p['line']}" if p.get("line") else ""
             console.print(f"{obj['source']}{where}: {p['reason']}", markup=False, highlight=False)
-    written = [obj["written"] for obj in objects]
-    counts = {
-        kind: sum(1 for obj in objects if obj["imported_as"] == kind)
-        for kind in ("resumable", "history", "skipped")
-    }
-    iters = sum(int(w["iterations"]) for w in written)  # type: ignore[index]
-    atts = sum(int(w["attempts"]) for w in written)  # type: ignore[index]
-    problems = sum(len(obj["problems"]) for obj in objects)  # type: ignore[arg-type]
+            problems += 1
+    kinds = [w.imported_as for w in written]
+    iters, atts = sum(w.iterations for w in written), sum(w.attempts for w in written)
     verb = "would import" if dry_run else "imported"
     typer.echo(
-        f"{verb} {len(objects)} log(s): {counts['resumable']} resumable, {counts['history']} history, "
-        f"{counts['skipped']} skipped; {iters} iteration(s), {atts} attempt(s); {problems} problem(s)"
+        f"{verb} {len(objects)} log(s): {kinds.count('resumable')} resumable, {kinds.count('history')} "
+        f"history, {kinds.count('skipped')} skipped; {iters} iteration(s), {atts} attempt(s); "
+        f"{problems} problem(s)"
     )
 
 
@@ -137,7 +138,7 @@ def import_tree(
         obj = summarize(log)
         out = w.as_json()
         obj["imported_as"] = w.imported_as
-        obj["problems"] = [*obj.get("problems", []), *out.pop("store_problems")]  # type: ignore[list-item]
+        obj["problems"] = [*obj["problems"], *out.pop("store_problems")]  # type: ignore[misc]
         obj["written"] = out
         objects.append(obj)
     if not dry_run and any(w.iterations or w.attempts for w in written):
@@ -145,4 +146,4 @@ def import_tree(
     if as_json:
         typer.echo(json.dumps(objects, indent=1))
     else:
-        _print_table(objects, dry_run)
+        _print_table(objects, written, dry_run)

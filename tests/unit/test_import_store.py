@@ -174,6 +174,7 @@ def test_sources_are_stored_self_contained_and_a_lost_one_says_so(
     assert "not in the imported tree" in lost and "gone.cu" in lost
     ckpt = load_checkpoint(repo, GPU, DSL, KEY)
     assert ckpt is not None and "#define STAGES 4" in load_best_source(repo, ckpt)
+    assert '#include "tile.cuh"' in load_best_source(repo, ckpt)  # named as croqq names its headers
 
 
 def test_an_include_the_tree_lacks_makes_the_source_non_compilable_and_never_the_best(

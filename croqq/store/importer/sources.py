@@ -1,16 +1,19 @@
 """Kernel sources of an imported tree, in croqq's logical form: each quoted ``#include`` resolved from the
-including file's folder inside the tree and renamed to the header's path in the tree (its name in the
-header closure), so that the writer stores it self-contained like every croqq source
-(:func:`croqq.domain.source.stored_files`). An include that does not resolve inside the tree is
-commented out and named: that source is not compilable. Reads only; never writes to the tree."""
+including file's folder inside the tree and renamed to the header's name in the closure (its file name,
+or its path in the tree when two headers of the closure share a file name), so that the writer stores
+it self-contained like every croqq source (:func:`croqq.domain.source.stored_files`). An include that
+does not resolve inside the tree is commented out and named: that source is not compilable. Reads only;
+never writes to the tree."""
 
 from __future__ import annotations
 
 import posixpath
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from croqq.domain import source as src
 from croqq.domain.source import INCLUDE
 
 MAX_BYTES = 4 * 1024 * 1024  # a kernel source or header larger than this is not a source
@@ -52,6 +55,16 @@ def _read(root: Path, rel: str) -> str | None:
         return None
 
 
+def _plain_names(headers: dict[str, str]) -> dict[str, str]:
+    """Tree path -> the header's name in the closure: its file name when no other header of the closure
+    has it (as croqq's own headers are named, so a tree's copy of one is included as croqq includes it),
+    else its path in the tree."""
+    count = Counter(posixpath.basename(path) for path in headers)
+    return {
+        path: posixpath.basename(path) if count[posixpath.basename(path)] == 1 else path for path in headers
+    }
+
+
 class SourceReader:
     """Reads sources of one tree, each header once."""
 
@@ -76,7 +89,13 @@ class SourceReader:
             headers[name], sub, bad = entry
             todo += sub
             unresolved += [r for r in bad if r not in unresolved]
-        return TreeSource(rel, body, dict(sorted(headers.items())), unresolved)
+        names = _plain_names(headers)
+
+        def rename(text: str) -> str:
+            return src.rewrite_includes(text, names.get)
+
+        closure = {names[name]: rename(text) for name, text in headers.items()}
+        return TreeSource(rel, rename(body), dict(sorted(closure.items())), unresolved)
 
     def _header(self, name: str) -> tuple[str, list[str], list[str]] | None:
         if name not in self._headers:
