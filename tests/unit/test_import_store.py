@@ -341,6 +341,12 @@ def test_croqq_import_reports_each_log_writes_once_and_never_touches_the_tree(
     assert all(o["written"]["commit"] is None for o in json.loads(again.stdout))
     table = croqq(cluster_env, *args[:-1])
     assert table.returncode == 0 and "imported 2 log(s): 1 resumable, 1 history, 0 skipped" in table.stdout
+    out = tmp_path / "report"
+    report = croqq(cluster_env, "report", "--repo", str(repo), "--out", str(out))
+    assert report.returncode == 0, report.stderr
+    html = (out / "index.html").read_text()
+    assert 'id="imported"' in html and "gdn_f16_B2_T4_H8_K128_V128" in html  # the history log
+    assert f"<td>{KEY}</td>" in html  # the resumable shape, with its imported iterations
     assert snapshot(src) == before
 
 
