@@ -191,6 +191,16 @@ def test_an_include_the_tree_lacks_makes_the_source_non_compilable_and_never_the
     assert validate_repo(repo.path, None) == []
 
 
+def test_a_row_with_no_measurement_is_a_problem_and_the_rest_is_imported(
+    repo: GitRepo, tree: Path, manifest: Manifest
+) -> None:
+    rows = [*ROWS[:2], row(3, "iter002", "DISCARD", float("nan"), f"{SRCS}/v3.cu"), ROWS[3]]
+    [out] = do_import(repo, tree, manifest, [source_log(rows)])
+    assert [(p.line, p.reason) for p in out.problems] == [(3, "TFLOPS nan is not a measurement; not stored")]
+    assert [r.imported.line for r in load_rounds(repo, GPU, DSL, KEY) if r.imported] == [2, 3, 5]
+    assert validate_repo(repo.path, None) == []
+
+
 def test_importing_the_same_tree_twice_adds_nothing(repo: GitRepo, tree: Path, manifest: Manifest) -> None:
     do_import(repo, tree, manifest, [source_log()])
     head = repo.head()

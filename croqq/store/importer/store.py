@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ from croqq.domain.decide import BASELINE, DISCARD, KEEP
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import Idea, Measurement, MeasureResult
 from croqq.domain.schedule import build_schedule, region_of
-from croqq.errors import ConfigError
+from croqq.errors import ConfigError, CroqqError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
 from croqq.store.importer.model import Problem, Row, SourceLog
@@ -125,6 +126,20 @@ def _summary(row: Row) -> str:
 def _placeholder(row: Row) -> str:
     what = row.kernel or f"row {row.original_id}"
     return f"// croqq import: the source of {what} is not in the imported tree\n"
+
+
+def _storable(row: Row, problems: list[Problem]) -> bool:
+    """A row becomes a record when it failed or has a TFLOPS croqq can hold (finite, not negative)."""
+    if row.failure is not None:
+        return True
+    if row.tflops is None:
+        return False
+    if not math.isfinite(row.tflops) or row.tflops < 0:
+        problems.append(
+            Problem(line=row.line, reason=f"TFLOPS {row.tflops} is not a measurement; not stored")
+        )
+        return False
+    return True
 
 
 def _history_name(source: str) -> str:
@@ -386,7 +401,7 @@ class Importer:
         ckpt = load_checkpoint(self.repo, self.gpu, self.dsl, key)
         done, files, own = self._stored_rows(key)
         new = [r for r in log.rows if (log.source, r.line, row_hash(r)) not in done]
-        new = [r for r in new if r.tflops is not None or r.failure is not None]
+        new = [r for r in new if _storable(r, out.problems)]
         if ckpt is not None and new and (own or files - {log.source}):
             whose = "croqq's own iterations" if own else f"rows imported from {sorted(files)[0]}"
             reason = f"{self.gpu}/{self.dsl} already has {key} ({whose}); nothing imported from this log"
@@ -471,4 +486,15 @@ def import_logs(
     if dsl not in manifest.dsls:
         raise ConfigError(f"unknown dsl {dsl!r}; the manifest has {', '.join(manifest.dsls)}")
     importer = Importer(repo, src_root, gpu, dsl, manifest)
-    return [importer.store(log, dry_run) for log in logs]
+    out = []
+    for log in logs:
+        try:
+            out.append(importer.store(log, dry_run))
+        except (CroqqError, ValueError) as exc:  # one log's bad data never stops the others
+            reason = f"not stored: {' '.join(str(exc).split())[:300]}"
+            out.append(
+                Written(
+                    log.source, log.key.croqq_key, "skipped", why=reason, problems=[Problem(reason=reason)]
+                )
+            )
+    return out
