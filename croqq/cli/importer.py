@@ -18,18 +18,18 @@ from croqq.errors import ConfigError
 if TYPE_CHECKING:
     from croqq.store.importer.store import Written
 
-COLUMNS = (
-    "source",
-    "key",
-    "imported_as",
-    "rows",
-    "measured",
-    "best_tflops",
-    "best_iter",
-    "reference_tflops",
-    "duplicate_ids",
-    "problems",
-)
+COLUMNS = {  # summary field -> its column's title
+    "source": "source",
+    "key": "key",
+    "imported_as": "as",
+    "rows": "rows",
+    "measured": "measured",
+    "best_tflops": "best",
+    "best_iter": "best id",
+    "reference_tflops": "reference",
+    "duplicate_ids": "dup ids",
+    "problems": "problems",
+}
 
 
 def _cell(value: object) -> str:
@@ -42,14 +42,18 @@ def _cell(value: object) -> str:
 
 def _print_table(objects: list[dict[str, object]], written: list[Written], dry_run: bool) -> None:
     table = Table(title="croqq import" + (" (dry run: nothing written)" if dry_run else ""))
-    for col in COLUMNS:
-        table.add_column(col, overflow="fold")
+    for col, title in COLUMNS.items():
+        table.add_column(title, overflow="fold", no_wrap=col not in ("source", "key"), min_width=8)
     for obj in objects:
         table.add_row(*(_cell(obj.get(col)) for col in COLUMNS))
     console = Console()
+    if not console.is_terminal:  # a file or a pipe: one line per log, not folded to 80 columns
+        console = Console(width=240)
     console.print(table)
     problems = 0
-    for obj in objects:
+    for obj, w in zip(objects, written, strict=True):
+        if w.imported_as != "resumable" and w.why:
+            console.print(f"{obj['source']}: {w.imported_as}: {w.why}", markup=False, highlight=False)
         for p in obj["problems"]:  # type: ignore[attr-defined]
             where = f" line {p['line']}" if p.get("line") else ""
             console.print(f"{obj['source']}{where}: {p['reason']}", markup=False, highlight=False)
@@ -116,6 +120,13 @@ def import_tree(
     manifest.dsl(dsl)
     repo_path = into or settings.results_repo
     _check_paths(src, repo_path)
+    if gpu is None:
+        from croqq.delivery.redis_client import require_redis
+
+        try:
+            require_redis(settings, timeout_s=1.0)
+        except ConfigError:
+            raise ConfigError("no cluster to ask for its GPU type; pass --gpu TYPE") from None
     gpu_type = registry.pick_gpu_type(settings, manifest, gpu)
     logs = read_tree(src, gpu)
     root = src if src.is_dir() else src.parent
