@@ -108,7 +108,7 @@ def import_tree(
     its shape (resumable by a later `croqq submit` with the same --gpu and --dsl) or, for what croqq
     cannot tune, read-only history. Idempotent; never writes to SRC. Stop the writer first."""
     from croqq.backends import backend_manifest
-    from croqq.cli.repo import _writer_lock
+    from croqq.cli.repo import writer_lock
     from croqq.placement import registry
     from croqq.store.gitrepo import GitRepo
     from croqq.store.importer.read import read_tree
@@ -130,7 +130,7 @@ def import_tree(
     gpu_type = registry.pick_gpu_type(settings, manifest, gpu)
     logs = read_tree(src, gpu)
     root = src if src.is_dir() else src.parent
-    lease = None if dry_run else _writer_lock(settings)
+    lease = None if dry_run else writer_lock(settings, "croqq import")
     scratch = tempfile.TemporaryDirectory() if dry_run and not repo_path.exists() else None
     try:
         path = Path(scratch.name) / "repo" if scratch else repo_path

@@ -370,3 +370,19 @@ def test_croqq_import_of_a_missing_tree_is_one_line_exit_2(
     assert result.stderr.strip().splitlines() == [
         f"croqq: error: {tmp_path / 'nope'}: no such file or folder to import"
     ]
+
+
+def test_croqq_import_refuses_while_a_writer_runs_and_writes_nothing(
+    cluster_env: dict[str, str],
+    tmp_path: Path,
+    redis_client,
+    croqq,  # type: ignore[no-untyped-def]
+) -> None:
+    from croqq.delivery.leases import Lease
+
+    writer = Lease(redis_client, "writer", "a-running-writer", 60.0)
+    writer.acquire(wait_s=0, what="the writer lock")
+    repo = tmp_path / "results"
+    result = croqq(cluster_env, "import", str(cli_tree(tmp_path)), "--into", str(repo), "--gpu", GPU)
+    assert result.returncode != 0 and "stop it before `croqq import`" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not repo.exists()
