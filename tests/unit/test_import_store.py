@@ -124,6 +124,7 @@ def test_rows_become_iterations_and_attempts_with_their_provenance(
 ) -> None:
     [out] = do_import(repo, tree, manifest, [source_log()])
     assert (out.imported_as, out.iterations, out.attempts, out.ideas) == ("resumable", 5, 2, 1)
+    assert (out.best_tflops, out.best_id) == (350.0, "iter003")  # not the 999 whose source is lost
     rounds = load_rounds(repo, GPU, DSL, KEY)
     assert [r.iteration for r in rounds] == [0, 1, 2, 3, 4]
     assert [r.imported.original_id for r in rounds if r.imported] == [

@@ -83,6 +83,8 @@ class Written:
     attempts: int = 0
     ideas: int = 0
     history_rows: int = 0  # rows kept as read-only history
+    best_tflops: float | None = None  # the stored best (a resumable log): its TFLOPS and id as written
+    best_id: str | None = None
     history: str | None = None  # the repo path of the history file
     commit: str | None = None
     why: str = ""
@@ -95,6 +97,8 @@ class Written:
             "attempts": self.attempts,
             "ideas": self.ideas,
             "history_rows": self.history_rows,
+            "best_tflops": self.best_tflops,
+            "best_id": self.best_id,
             "history": self.history,
             "commit": self.commit,
             "why": self.why,
@@ -163,6 +167,7 @@ class _Shape:
         self.region = region_of(manifest, self.m, self.n, self.k)
         self.ckpt = ckpt or self._empty()
         self.requests: list[StoreRequest] = []
+        self.best_id: str | None = None  # the original id of a best this plan stores
 
     def _empty(self) -> Checkpoint:
         return Checkpoint(
@@ -275,6 +280,7 @@ class _Shape:
                 "best_knobs": knobs,
                 "keeps": ck.keeps + 1,
             }
+            self.best_id = row.original_id
         if row.reference:
             update["baseline_tflops"] = row.tflops
         after = ck.model_copy(update=update)
@@ -415,6 +421,8 @@ class Importer:
             else:
                 plan.add_iteration(row)
         notes = self._notes(log, key)
+        if plan.ckpt.best_iter >= 0:
+            out.best_tflops, out.best_id = plan.ckpt.best_tflops, plan.best_id or self._stored_best_id(key)
         out.iterations = sum(r.kind == "iteration" for r in plan.requests)
         out.attempts = len(plan.requests) - out.iterations
         out.ideas = len(notes)
@@ -424,6 +432,12 @@ class Importer:
         receipts = self.writer.apply_group(plan.requests, appends)
         out.commit = receipts[-1].commit if receipts else self.repo.head()
         return out
+
+    def _stored_best_id(self, key: str) -> str | None:
+        ckpt = load_checkpoint(self.repo, self.gpu, self.dsl, key)
+        rounds = load_rounds(self.repo, self.gpu, self.dsl, key)
+        best = next((r for r in rounds if ckpt and r.iteration == ckpt.best_iter), None)
+        return best.imported.original_id if best and best.imported else None
 
     def _notes(self, log: SourceLog, key: str) -> list[str]:
         """ideas.jsonl lines for the tree's idea notes not stored yet (the shape's dedup set)."""
