@@ -109,6 +109,7 @@ def import_tree(
     cannot tune, read-only history. Idempotent; never writes to SRC. Stop the writer first."""
     from croqq.backends import backend_manifest
     from croqq.cli.repo import writer_lock
+    from croqq.domain.knobs import include_resolver
     from croqq.placement import registry
     from croqq.store.gitrepo import GitRepo
     from croqq.store.importer.read import read_tree
@@ -136,7 +137,8 @@ def import_tree(
         path = Path(scratch.name) / "repo" if scratch else repo_path
         repo = GitRepo(path, settings.results_branch, settings.sync_worktree, create=True)
         try:
-            written = import_logs(repo, logs, root, gpu_type, dsl, dry_run, manifest)
+            known = frozenset(include_resolver(manifest, dsl, settings.kernels_dir).names())
+            written = import_logs(repo, logs, root, gpu_type, dsl, dry_run, manifest, known)
         finally:
             repo.close()
     finally:

@@ -34,10 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU, DSL = "sm90_NVIDIA_H200", "cuda"
 KEY = "f16_1024x1024x1024"
 RUN = paths.RunPaths(GPU, DSL)
+KNOWN = frozenset(p.name for p in (ROOT / "kernels/cuda").glob("*.cuh"))  # croqq's header names
 LOG = "tuning/H100/cuda/logs/matmul_f16fp32_1024x1024x1024/results.tsv"
 SRCS = "tuning/H100/cuda/srcs/matmul_f16fp32_1024x1024x1024"
 KERNEL = """#include <cuda.h>
 #include "../common/tile.cuh"
+#include "../common/gemm_core.cuh"
 #define TILE_M 128
 #define STAGES %d
 __global__ void k() {}
@@ -58,7 +60,8 @@ def tree(tmp_path: Path) -> Path:
     common = root / "tuning/H100/cuda/srcs/common"
     common.mkdir()
     (common / "tile.cuh").write_text('#pragma once\n#include "mma.cuh"\n')
-    (common / "mma.cuh").write_text("#pragma once\n")
+    (common / "mma.cuh").write_text("#pragma once\n#define MMA 1\n")
+    (common / "gemm_core.cuh").write_text('#pragma once\n#include "mma.cuh"\n')
     (root / SRCS / "v1.cu").write_text(KERNEL % 3)
     (root / SRCS / "v3.cu").write_text(KERNEL % 4)
     (root / SRCS / "broken.cu").write_text('#include "nowhere.cuh"\n#define STAGES 9\n')
@@ -111,7 +114,7 @@ def source_log(rows: list[Row] = ROWS, **kw: object) -> SourceLog:
 
 
 def do_import(repo: GitRepo, tree: Path, manifest: Manifest, logs: list[SourceLog], dry_run: bool = False):  # type: ignore[no-untyped-def]
-    return import_logs(repo, logs, tree, GPU, DSL, dry_run, manifest)
+    return import_logs(repo, logs, tree, GPU, DSL, dry_run, manifest, KNOWN)
 
 
 @pytest.fixture
@@ -169,13 +172,17 @@ def test_sources_are_stored_self_contained_and_a_lost_one_says_so(
     do_import(repo, tree, manifest, [source_log()])
     rounds = load_rounds(repo, GPU, DSL, KEY)
     best = (repo.read(rounds[2].kernel) or b"").decode()
-    assert "#define STAGES 4" in best and '#include "../../../headers/' in best
-    assert "#include <cuda.h>" in best
+    assert "#define STAGES 4" in best and "#include <cuda.h>" in best
+    # a header croqq offers by name is stored under headers/ (with what it includes), the others inlined
+    assert best.count('#include "../../../headers/') == 1 and '/gemm_core.cuh"' in best
+    assert '// croqq import: begin "tile.cuh"' in best and "#define MMA 1" in best
+    assert '// croqq import: "mma.cuh" inlined above' not in best  # mma.cuh is inlined once, in tile.cuh
     lost = (repo.read(rounds[4].kernel) or b"").decode()
     assert "not in the imported tree" in lost and "gone.cu" in lost
     ckpt = load_checkpoint(repo, GPU, DSL, KEY)
     assert ckpt is not None and "#define STAGES 4" in load_best_source(repo, ckpt)
-    assert '#include "tile.cuh"' in load_best_source(repo, ckpt)  # named as croqq names its headers
+    logical = load_best_source(repo, ckpt)
+    assert '#include "gemm_core.cuh"' in logical and '#include "tile.cuh"' not in logical
 
 
 def test_an_include_the_tree_lacks_makes_the_source_non_compilable_and_never_the_best(
@@ -310,6 +317,7 @@ def cli_tree(tmp_path: Path) -> Path:
     (run / "srcs/common").mkdir()
     (run / "srcs/common/tile.cuh").write_text('#pragma once\n#include "mma.cuh"\n')
     (run / "srcs/common/mma.cuh").write_text("#pragma once\n")
+    (run / "srcs/common/gemm_core.cuh").write_text("#pragma once\n")
     for name, stages in (("v1", 3), ("v3", 4)):
         (run / "srcs" / CLI_KEY / f"{name}.cu").write_text(KERNEL % stages)
     gdn = run / "logs/gdn_f16_B2_T4_H8_K128_V128"

@@ -1,9 +1,10 @@
 """Kernel sources of an imported tree, in croqq's logical form: each quoted ``#include`` resolved from the
-including file's folder inside the tree and renamed to the header's name in the closure (its file name,
-or its path in the tree when two headers of the closure share a file name), so that the writer stores
-it self-contained like every croqq source (:func:`croqq.domain.source.stored_files`). An include that
-does not resolve inside the tree is commented out and named: that source is not compilable. Reads only;
-never writes to the tree."""
+including file's folder inside the tree. A header croqq's include folders offer by the same file name is
+kept as an include of that name, so that the writer stores it self-contained like every croqq source
+(:func:`croqq.domain.source.stored_files`, headers/<hash16>/); any other header is inlined, so that the
+source also builds where croqq builds a resumed shape's candidates (from its include folders only). An
+include that does not resolve inside the tree is commented out and named: that source is not
+compilable. Reads only; never writes to the tree."""
 
 from __future__ import annotations
 
@@ -55,6 +56,26 @@ def _read(root: Path, rel: str) -> str | None:
         return None
 
 
+def _inline(text: str, headers: dict[str, str], names: dict[str, str], kept: set[str], seen: set[str]) -> str:
+    """``text`` with each quoted include of a header croqq does not offer replaced by that header's text
+    (once; ``#pragma once`` dropped), and each one it offers renamed to its plain name."""
+
+    def repl(m: re.Match[str]) -> str:
+        path = m.group(3).strip()
+        if m.group(2) == "<" or path not in headers:
+            return m.group(0)
+        if path in kept:
+            return f'{m.group(1)}"{names[path]}"'
+        if path in seen:
+            return f'// croqq import: "{names[path]}" inlined above'
+        seen.add(path)
+        body = "\n".join(line for line in headers[path].splitlines() if line.split() != ["#pragma", "once"])
+        inner = _inline(body, headers, names, kept, seen)
+        return f'// croqq import: begin "{names[path]}"\n{inner}\n// croqq import: end "{names[path]}"'
+
+    return INCLUDE.sub(repl, text)
+
+
 def _plain_names(headers: dict[str, str]) -> dict[str, str]:
     """Tree path -> the header's name in the closure: its file name when no other header of the closure
     has it (as croqq's own headers are named, so a tree's copy of one is included as croqq includes it),
@@ -66,10 +87,14 @@ def _plain_names(headers: dict[str, str]) -> dict[str, str]:
 
 
 class SourceReader:
-    """Reads sources of one tree, each header once."""
+    """Reads sources of one tree, each header once. ``known``: the header names croqq's include folders
+    offer; a header of the tree by one of those names is kept as an include (stored under headers/),
+    any other is inlined where it is first included, so that the source builds wherever croqq builds
+    (a resumed shape's candidates are built from croqq's include folders only)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, known: frozenset[str] = frozenset()) -> None:
         self.root = root
+        self.known = known
         self._headers: dict[str, tuple[str, list[str], list[str]] | None] = {}
 
     def read(self, rel: str) -> TreeSource | None:
@@ -90,12 +115,17 @@ class SourceReader:
             todo += sub
             unresolved += [r for r in bad if r not in unresolved]
         names = _plain_names(headers)
-
-        def rename(text: str) -> str:
-            return src.rewrite_includes(text, names.get)
-
-        closure = {names[name]: rename(text) for name, text in headers.items()}
-        return TreeSource(rel, rename(body), dict(sorted(closure.items())), unresolved)
+        kept = {path for path, name in names.items() if name in self.known}
+        body = _inline(body, headers, names, kept, set())
+        closure: dict[str, str] = {}
+        todo = sorted(kept)
+        while todo:  # a kept header's own includes are stored with it, as written
+            path = todo.pop()
+            if names[path] not in closure:
+                text = headers[path]
+                closure[names[path]] = src.rewrite_includes(text, names.get)
+                todo += [inc.path for inc in src.includes(text) if not inc.angle and inc.path in headers]
+        return TreeSource(rel, body, dict(sorted(closure.items())), unresolved)
 
     def _header(self, name: str) -> tuple[str, list[str], list[str]] | None:
         if name not in self._headers:

@@ -20,8 +20,9 @@ resumes it after the imported iterations:
   knobs those the source defines, ``seed_knobs`` croqq's reference seed for the dtype, ``baseline_tflops``
   the vendor reference (0 when the log has none), ``max_iter`` the imported iterations plus the mode's
   iteration count (a later submit may ask for more);
-- sources the rows name and the tree holds are stored self-contained (headers/<hash16>/); a row whose
-  source is not in the tree gets a one-line placeholder source that says so.
+- sources the rows name and the tree holds are stored self-contained (headers/<hash16>/ for the headers
+  croqq's include folders offer by name, the others inlined: :mod:`.sources`); a row whose source is not
+  in the tree gets a one-line placeholder source that says so.
 
 A log that croqq cannot tune (``history``, or a resumable one whose dtype, size or seed croqq lacks, or
 with no kernel source to resume from) is kept whole as read-only history in
@@ -320,10 +321,12 @@ class _Shape:
 class Importer:
     """Stores the logs of one tree into one run (``gpu``/``dsl``) of a results repo."""
 
-    def __init__(self, repo: GitRepo, root: Path, gpu: str, dsl: str, manifest: Manifest) -> None:
+    def __init__(
+        self, repo: GitRepo, root: Path, gpu: str, dsl: str, manifest: Manifest, known: frozenset[str]
+    ) -> None:
         self.repo, self.root, self.gpu, self.dsl, self.manifest = repo, root, gpu, dsl, manifest
         self.writer = ResultsWriter(repo)
-        self.reader = SourceReader(root)
+        self.reader = SourceReader(root, known)
         self._sources: dict[str, TreeSource | None] = {}
         self.problems: list[Problem] = []  # of the log being stored
 
@@ -495,11 +498,13 @@ def import_logs(
     dsl: str,
     dry_run: bool,
     manifest: Manifest,
+    known_headers: frozenset[str] = frozenset(),
 ) -> list[Written]:
-    """Store every log (one commit each; none with ``dry_run``); returns what each became."""
+    """Store every log (one commit each; none with ``dry_run``); returns what each became.
+    ``known_headers``: the header names croqq's include folders offer (others are inlined)."""
     if dsl not in manifest.dsls:
         raise ConfigError(f"unknown dsl {dsl!r}; the manifest has {', '.join(manifest.dsls)}")
-    importer = Importer(repo, src_root, gpu, dsl, manifest)
+    importer = Importer(repo, src_root, gpu, dsl, manifest, known_headers)
     out = []
     for log in logs:
         try:
