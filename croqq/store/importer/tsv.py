@@ -32,6 +32,8 @@ _FIELDS = {
     "bottleneck": "bottleneck", "bottleneck_before": "bottleneck", "idea_summary": "idea", "idea": "idea",
     "category": "idea", "timestamp": "timestamp", "run_command": "run_command",
 }  # fmt: skip
+# Rows before any header line (a log whose first line is JSON) read as the most common header.
+DEFAULT_HEADER = ("iter", "kernel", "tflops", "decision", "bottleneck", "idea_summary")
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _NO_VALUE = frozenset({"", "-", "FAIL", "N/A", "NA", "NONE", "NAN"})
 _ITER_ID = re.compile(r"iter(\d+)([a-z])?(?:_\w+)?", re.IGNORECASE)
@@ -57,7 +59,7 @@ def parse_results(text: str, shape_hint: Iterable[int] = ()) -> tuple[str, list[
     ``shape_hint`` holds the shape's sizes (M, N, K): a header with several sized TFLOPS columns
     (``tflops_2k``, ``tflops_4k``) reads the one whose size is among them."""
     hint = set(shape_hint)
-    header, columns = "", list[str]()
+    header, columns = "", _name_columns(list(DEFAULT_HEADER), hint, 0, [])
     rows: list[Row] = []
     problems: list[Problem] = []
     for number, raw in enumerate(text.splitlines(), start=1):
