@@ -12,7 +12,8 @@ A side copy is not read again when it duplicates a log of the same key (and mode
 already taken: same bytes, or every row it has is a row of that log (same id, decision, TFLOPS, kernel,
 idea). It is then listed in that log's ``copies``. A side copy with rows no such log has is read as a log
 of its own, kept as history when its key already has a log. Mains are taken before copies, copies in path
-order. Kernel sources are looked up only inside SRC.
+order. Nothing outside SRC is read: with a shape folder or a single file as SRC, the checkpoint, memories
+and kernel sources that sit elsewhere in the tree are not looked up.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def read_tree(src: Path, gpu: str | None = None) -> list[SourceLog]:
     ``gpu`` names the GPU type of logs whose path names none. Raises ConfigError when ``src`` is no tree."""
     src = src.resolve()
     root = src.parent if src.is_file() else src
-    places = [_place(path) for path in _log_files(src)]
+    places = [_inside(_place(path), root) for path in _log_files(src)]
     places.sort(key=lambda p: (p.copy is not None, str(p.path)))
     taken: list[tuple[_Place, SourceLog]] = []
     for place in places:
@@ -122,6 +123,13 @@ def _place(path: Path) -> _Place:
         key = folders[at + 1] if len(folders) > at + 1 else folders[at - 1]
         return _Place(path, key, None, *_gpu_dsl(parts, at), Path(*parts[:at]), key, "srcs")
     return _Place(path, folders[-1], copy=copy)
+
+
+def _inside(place: _Place, root: Path) -> _Place:
+    """Companions are read inside SRC only: a shape folder or a single file brings its rows alone."""
+    if place.base is not None and place.base != root and root not in place.base.parents:
+        place.base = None
+    return place
 
 
 def _gpu_dsl(parts: tuple[str, ...], at: int) -> tuple[str | None, str | None]:
