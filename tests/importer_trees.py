@@ -627,3 +627,19 @@ def write_big_log(path: Path, rows: int = 2000) -> None:
         for i in range(1, rows)
     ]
     _write(path, _tsv(lines))
+
+
+def write_many_shapes(root: Path, shapes: int = 100, rows: int = 20) -> list[str]:
+    """A gen-1 tree of ``shapes`` resumable f16 shapes of ``rows`` rows each, for timing a whole import;
+    returns the logs' sources."""
+    sources = []
+    for i in range(shapes):
+        key = f"matmul_f16_{256 * (i + 1)}x4096x4096"
+        source = f"{GEN1}/logs/{key}/results.tsv"
+        lines = [HEADER_1, "iter000|cublas|600.0|BASELINE|-|vendor baseline"]
+        lines += [
+            f"iter{j:03d}|srcs/{key}/iter{j:03d}.cu|{100 + j}.0|KEEP|memory|idea {j}" for j in range(1, rows)
+        ]
+        _write(root / source, _tsv(lines))
+        sources.append(source)
+    return sources

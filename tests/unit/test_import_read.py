@@ -18,7 +18,7 @@ from croqq.store.importer.model import SourceLog
 from croqq.store.importer.read import read_tree
 from croqq.store.importer.summary import summarize
 from croqq.store.importer.tsv import parse_results
-from tests.importer_trees import GEN1, GPU, LOG_A, LOG_H, A, write_big_log, write_tree
+from tests.importer_trees import GEN1, GPU, LOG_A, LOG_H, A, write_big_log, write_many_shapes, write_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_FIELDS = {
@@ -404,7 +404,7 @@ def test_logs_carry_gpu_dsl_model_and_the_checkpoint_as_found(logs) -> None:  # 
     later = logs["tuning/sm90_H100/triton/logs/matmul_fp8_4096x8192x8192/openai/gpt5/results.tsv"]
     assert (later.gpu, later.dsl, later.model) == ("sm90_H100", "triton", "openai/gpt5")
     archived = logs["tuning/.archive/matmul_f16fp32_2048x4096x8192/logs/claude/results.tsv"]
-    assert (archived.gpu, archived.dsl, archived.model) == (GPU, None, "claude")
+    assert (archived.gpu, archived.dsl, archived.model) == (GPU, "cuda", "claude")  # dsl: its checkpoint
     ideas = [(n.summary, n.iteration, n.decision) for n in main.ideas]
     assert ("TMA loads", 2, "COMPILE_FAIL") in ideas and ("wgmma 128x256", 3, None) in ideas
 
@@ -472,3 +472,34 @@ def test_a_two_thousand_row_log_reads_every_row(tmp_path: Path) -> None:
     figures = summarize(log)
     assert (figures["rows"], figures["measured"], figures["problems"]) == (2000, 2000, [])
     assert figures["reference_tflops"] == 600.0
+
+
+def _two_gpu_folders(root: Path) -> None:
+    for folder in ("aitune", "sm90_H100"):
+        log = root / "tuning" / folder / "cuda" / "logs" / "matmul_f16_64x64x64" / "results.tsv"
+        log.parent.mkdir(parents=True)
+        log.write_text(_tsv(["iter|kernel|tflops|decision", f"iter001|{folder}.cu|1.0|KEEP"]))
+
+
+def test_logs_of_one_shape_in_two_gpu_folders_are_history_when_imported_for_one_gpu(tmp_path: Path) -> None:
+    _two_gpu_folders(tmp_path)
+    assert [log.imported_as for log in read_tree(tmp_path)] == ["resumable", "resumable"]
+    logs = read_tree(tmp_path, gpu=GPU)
+    assert [log.imported_as for log in logs] == ["history", "history"]
+    assert all("several logs of one shape" in log.why for log in logs)
+
+
+def test_a_byte_order_mark_and_an_infinite_number_do_not_spoil_a_log() -> None:
+    text = "\ufeff" + _tsv([HEADERS[0], "iter001|k.cu|1e999|KEEP|b|i", "iter002|k.cu|2.0|KEEP|b|i"])
+    header, rows, problems = parse_results(text.encode("utf-8").decode("utf-8-sig"))
+    assert header.startswith("iter\t") and [r.tflops for r in rows] == [2.0]
+    assert [(p.line, p.reason) for p in problems] == [(2, "iter001: no readable TFLOPS")]
+
+
+def test_a_hundred_shape_tree_reads_every_shape(tmp_path: Path) -> None:
+    sources = write_many_shapes(tmp_path, shapes=100, rows=20)
+    logs = read_tree(tmp_path, gpu=GPU)
+    assert sorted(log.source for log in logs) == sorted(sources)
+    assert {(log.imported_as, len(log.rows), log.reference_tflops) for log in logs} == {
+        ("resumable", 20, 600.0)
+    }

@@ -12,6 +12,7 @@ aligns with the header from the left. A header line met again mid-file replaces 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -216,6 +217,7 @@ def _row(fields: _Fields, line: int) -> Row | Problem:
         return Problem(line=line, reason=f"not a row: unrecognized iteration id {original!r}")
     text = (fields.tflops_text or "").strip()
     tflops = float(text) if _NUMBER.fullmatch(text) else None
+    tflops = tflops if tflops is not None and math.isfinite(tflops) else None
     decision = values.get("decision", "").strip().upper() or None
     decision = decision if decision in DECISIONS else None
     kernel = values.get("kernel", "").strip()
