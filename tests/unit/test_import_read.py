@@ -251,6 +251,11 @@ def test_sized_tflops_columns_with_no_match_read_the_smallest_and_say_so() -> No
 
 
 ODD_ROWS = [
+    (
+        HEADERS[1],
+        "iter004|k.cu|FAIL|COMPILE_FAIL|ptxas|x",
+        ("iter004", None, "COMPILE_FAIL", "k.cu", "ptxas", "x"),
+    ),
     # header, row, (id, tflops, decision, kernel, bottleneck, idea)
     (
         HEADERS[0],
@@ -412,6 +417,7 @@ def test_logs_carry_gpu_dsl_model_and_the_checkpoint_as_found(logs) -> None:  # 
 def test_summary_holds_exactly_the_report_fields(logs) -> None:  # type: ignore[no-untyped-def]
     for log in logs.values():
         assert set(summarize(log)) == SUMMARY_FIELDS
+        assert json.loads(json.dumps(summarize(log))) == summarize(log)
 
 
 def _snapshot(root: Path) -> dict[str, tuple[str, int]]:

@@ -22,7 +22,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from croqq.errors import ConfigError
@@ -51,7 +51,6 @@ class _Place:
     base: Path | None = None  # folder holding checkpoints/, memory/, baseline/
     under: str = ""  # the log's sub-path under those folders (``<key>/<model>``, ``<model>`` in .archive)
     copy: str | None = None  # the kind of side copy, None for a main log
-    problems: list[Problem] = field(default_factory=list)
 
 
 def read_tree(src: Path, gpu: str | None = None) -> list[SourceLog]:
@@ -69,7 +68,7 @@ def read_tree(src: Path, gpu: str | None = None) -> list[SourceLog]:
         same = [(p, other) for p, other in taken if _same_log(place, p)]
         duplicate = next((other for p, other in same if _duplicates(place, log, p, other)), None)
         if duplicate is not None:
-            duplicate.copies.append(log.source)
+            duplicate.copies.append(log.source)  # the model is frozen, its list is still being built
             continue
         if place.copy and same:
             log = log.model_copy(update={"imported_as": "history", "why": _copy_why(place, same)})
