@@ -243,7 +243,7 @@ def test_sized_tflops_columns_read_the_one_matching_the_shape(hint: tuple[int, .
     assert [r.tflops for r in rows] == [value] and problems == []
 
 
-def test_sized_tflops_columns_with_no_match_read_the_smallest_and_say_so() -> None:
+def test_sized_tflops_columns_with_no_match_read_the_first_and_say_so() -> None:
     text = _tsv(["iter|tflops_2k|tflops_4k|decision", "iter001|1.0|2.0|KEEP"])
     _, rows, problems = parse_results(text, shape_hint=(8192, 8192, 8192))
     assert [r.tflops for r in rows] == [1.0]

@@ -58,7 +58,8 @@ def parse_results(text: str, shape_hint: Iterable[int] = ()) -> tuple[str, list[
     with ``tflops`` None.
 
     ``shape_hint`` holds the shape's sizes (M, N, K): a header with several sized TFLOPS columns
-    (``tflops_2k``, ``tflops_4k``) reads the one whose size is among them."""
+    (``tflops_2k``, ``tflops_4k``) reads the one whose size is among them; when not exactly one is, the
+    first, with a problem on the header line."""
     hint = set(shape_hint)
     header, columns = "", _name_columns(list(DEFAULT_HEADER), hint, 0, [])
     rows: list[Row] = []
@@ -110,7 +111,7 @@ def _name_columns(names: list[str], hint: set[int], line: int, problems: list[Pr
     sizes = {i: int(m.group(1)) * (1024 if m.group(2) else 1) for i, m in sized if m}
     chosen = [i for i, size in sizes.items() if size in hint]
     if sizes and "tflops" not in names:
-        pick = chosen[0] if len(chosen) == 1 else min(sizes)
+        pick = chosen[0] if len(chosen) == 1 else next(iter(sizes))  # else the first, said so
         if len(chosen) != 1:
             problems.append(
                 Problem(line=line, reason=f"no single TFLOPS column matches the shape; read {names[pick]}")
