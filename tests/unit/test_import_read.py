@@ -509,3 +509,11 @@ def test_a_hundred_shape_tree_reads_every_shape(tmp_path: Path) -> None:
     assert {(log.imported_as, len(log.rows), log.reference_tflops) for log in logs} == {
         ("resumable", 20, 600.0)
     }
+
+
+def test_lines_that_are_no_rows_are_problems_never_errors() -> None:
+    junk = ["\t\t\t", "KEEP\tDISCARD", "{", "[1, 2]", '{"iter": "nope"}', "iterx9\t1.0\tKEEP", "-\t-\t-"]
+    _, rows, problems = parse_results(_tsv([HEADERS[0]]) + "\n".join(junk) + "\n")
+    assert rows == []
+    assert [p.line for p in problems] == [3, 4, 5, 6, 7, 8]  # the tab-only line 2 is blank
+    assert all(p.reason.startswith("not a row") for p in problems)
