@@ -12,7 +12,8 @@ A side copy is not read again when it duplicates a log of the same key (and mode
 already taken: same bytes, or every row it has is a row of that log (same id, decision, TFLOPS, kernel,
 idea). It is then listed in that log's ``copies``. A side copy with rows no such log has is read as a log
 of its own, kept as history when its key already has a log. Mains are taken before copies, copies in path
-order. Kernel sources are looked up only inside SRC.
+order. Nothing outside SRC is read: with a shape folder or a single file as SRC, the checkpoint, memories
+and kernel sources that sit elsewhere in the tree are not looked up.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from croqq.errors import ConfigError
@@ -50,15 +51,16 @@ class _Place:
     base: Path | None = None  # folder holding checkpoints/, memory/, baseline/
     under: str = ""  # the log's sub-path under those folders (``<key>/<model>``, ``<model>`` in .archive)
     copy: str | None = None  # the kind of side copy, None for a main log
-    problems: list[Problem] = field(default_factory=list)
 
 
 def read_tree(src: Path, gpu: str | None = None) -> list[SourceLog]:
     """Every log under ``src`` (a tree, one shape folder or one results file), read and annotated.
-    ``gpu`` names the GPU type of logs whose path names none. Raises ConfigError when ``src`` is no tree."""
+    ``gpu`` (``--gpu``) is the GPU type the logs are imported for: it fills ``gpu`` where the path names
+    none, and logs of several tree GPU folders then count as one shape. Raises ConfigError when ``src``
+    is no tree."""
     src = src.resolve()
     root = src.parent if src.is_file() else src
-    places = [_place(path) for path in _log_files(src)]
+    places = [_inside(_place(path), root) for path in _log_files(src)]
     places.sort(key=lambda p: (p.copy is not None, str(p.path)))
     taken: list[tuple[_Place, SourceLog]] = []
     for place in places:
@@ -66,12 +68,12 @@ def read_tree(src: Path, gpu: str | None = None) -> list[SourceLog]:
         same = [(p, other) for p, other in taken if _same_log(place, p)]
         duplicate = next((other for p, other in same if _duplicates(place, log, p, other)), None)
         if duplicate is not None:
-            duplicate.copies.append(log.source)
+            duplicate.copies.append(log.source)  # the model is frozen, its list is still being built
             continue
         if place.copy and same:
             log = log.model_copy(update={"imported_as": "history", "why": _copy_why(place, same)})
         taken.append((place, log))
-    return _decide([log for _, log in taken])
+    return _decide([log for _, log in taken], gpu)
 
 
 def _log_files(src: Path) -> list[Path]:
@@ -85,7 +87,7 @@ def _log_files(src: Path) -> list[Path]:
         Path(folder) / name
         for folder, _, names in os.walk(src)
         for name in names
-        if name in LOG_NAMES and not (Path(folder) / name).is_symlink()
+        if name in LOG_NAMES and _plain_file(Path(folder) / name)
     ]
     if not found:
         raise ConfigError(f"{src}: no results.tsv under it; not a CroqTile tuning tree")
@@ -124,6 +126,13 @@ def _place(path: Path) -> _Place:
     return _Place(path, folders[-1], copy=copy)
 
 
+def _inside(place: _Place, root: Path) -> _Place:
+    """Companions are read inside SRC only: a shape folder or a single file brings its rows alone."""
+    if place.base is not None and place.base != root and root not in place.base.parents:
+        place.base = None
+    return place
+
+
 def _gpu_dsl(parts: tuple[str, ...], at: int) -> tuple[str | None, str | None]:
     """``tuning/<gpu>/<dsl>/`` right above ``parts[at]``, when the path has it."""
     if at >= 3 and parts[at - 3] == "tuning":
@@ -147,7 +156,7 @@ def _read_log(place: _Place, root: Path, gpu: str | None) -> SourceLog:
         source=_rel(place.path, root),
         key=key,
         gpu=place.gpu or gpu,
-        dsl=place.dsl,
+        dsl=place.dsl or _dsl_of(checkpoint),
         model=place.model,
         header=header,
         rows=rows,
@@ -158,6 +167,14 @@ def _read_log(place: _Place, root: Path, gpu: str | None) -> SourceLog:
         ideas=_ideas(place, root, problems),
         sources=_sources(rows, place.path.parent, root, problems),
     )
+
+
+def _plain_file(path: Path) -> bool:
+    """A regular file, not a link (which could lead out of the tree) nor a pipe or device."""
+    try:
+        return path.is_file() and not path.is_symlink()
+    except OSError:  # a name too long, a folder that cannot be searched
+        return False
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -175,7 +192,7 @@ def _text(path: Path, root: Path, problems: list[Problem]) -> str | None:
         problems.append(Problem(reason=f"{_rel(path, root)}: binary file, not read"))
         return None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         problems.append(Problem(reason=f"{_rel(path, root)}: not UTF-8 text, not read"))
         return None
@@ -205,10 +222,10 @@ def _companions(place: _Place, kind: str) -> list[Path]:
     folders = [top / place.under] if place.under else [top]
     if place.model and place.copy is None:
         folders.append(top / place.key)
-    found = [p for p in (top / f"{place.under}.json",) if place.under and p.is_file()]
+    found = [p for p in (top / f"{place.under}.json",) if place.under and _plain_file(p)]
     for folder in folders:
-        if folder.is_dir():
-            found += sorted(p for p in folder.iterdir() if p.is_file())
+        if folder.is_dir() and not folder.is_symlink():
+            found += sorted(p for p in folder.iterdir() if _plain_file(p))
     return found
 
 
@@ -225,6 +242,11 @@ def _checkpoint(
         return None, None
     path, data = next(((p, d) for p, d in read if any(k in d for k in _BEST_KEYS)), read[0])
     return data, _rel(path, root)
+
+
+def _dsl_of(checkpoint: dict[str, object] | None) -> str | None:
+    dsl = checkpoint.get("dsl") if checkpoint else None
+    return dsl if isinstance(dsl, str) and dsl else None
 
 
 def _disagreement(checkpoint: dict[str, object], source: str, rows: list[Row]) -> list[Problem]:
@@ -252,7 +274,7 @@ def _reference(rows: list[Row], place: _Place, root: Path, problems: list[Proble
 
 def _ideas(place: _Place, root: Path, problems: list[Problem]) -> list[IdeaNote]:
     folder = place.path.parent
-    paths = [folder / name for name in IDEA_FILES if (folder / name).is_file()]
+    paths = [folder / name for name in IDEA_FILES if _plain_file(folder / name)]
     paths += [p for p in _companions(place, "memory") if p.name in IDEA_FILES]
     paths += [p for p in _companions(place, "checkpoints") if p.name == "current_idea.json"]
     notes: list[IdeaNote] = []
@@ -314,8 +336,8 @@ def _sources(rows: list[Row], folder: Path, root: Path, problems: list[Problem])
             refused.add(named)
             problems.append(Problem(line=row.line, reason=f"kernel path {named!r} leaves the tree, not read"))
             continue
-        found = next((b / pure for b in bases if (b / pure).is_file()), None)
-        if found is not None and not found.is_symlink():
+        found = next((b / pure for b in bases if _plain_file(b / pure)), None)
+        if found is not None:
             sources[named] = _rel(found, root)
     return sources
 
@@ -353,12 +375,14 @@ def _copy_why(place: _Place, same: list[tuple[_Place, SourceLog]]) -> str:
     return f"side copy ({place.copy}) with rows {same[0][1].source} lacks"
 
 
-def _decide(logs: list[SourceLog]) -> list[SourceLog]:
-    """skipped: no rows; history: croqq cannot tune the key, or several logs hold it; else resumable."""
+def _decide(logs: list[SourceLog], gpu: str | None) -> list[SourceLog]:
+    """skipped: no rows; history: croqq cannot tune the key, or several logs hold it; else resumable.
+    Logs hold one shape when their GPU (``gpu`` when given: every log is imported for it), dsl and
+    croqq key are the same."""
     groups: dict[tuple[object, ...], list[SourceLog]] = {}
     for log in logs:
         if log.imported_as == "resumable" and log.rows and log.key.croqq_key:
-            groups.setdefault((log.gpu, log.dsl, log.key.croqq_key), []).append(log)
+            groups.setdefault((gpu or log.gpu, log.dsl, log.key.croqq_key), []).append(log)
     shared = {id(log): group for group in groups.values() if len(group) > 1 for log in group}
     decided = []
     for log in logs:

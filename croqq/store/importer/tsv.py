@@ -12,6 +12,7 @@ aligns with the header from the left. A header line met again mid-file replaces 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ _FIELDS = {
     "bottleneck": "bottleneck", "bottleneck_before": "bottleneck", "idea_summary": "idea", "idea": "idea",
     "category": "idea", "timestamp": "timestamp", "run_command": "run_command",
 }  # fmt: skip
+# Rows before any header line (a log whose first line is JSON) read as the most common header.
+DEFAULT_HEADER = ("iter", "kernel", "tflops", "decision", "bottleneck", "idea_summary")
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _NO_VALUE = frozenset({"", "-", "FAIL", "N/A", "NA", "NONE", "NAN"})
 _ITER_ID = re.compile(r"iter(\d+)([a-z])?(?:_\w+)?", re.IGNORECASE)
@@ -55,9 +58,10 @@ def parse_results(text: str, shape_hint: Iterable[int] = ()) -> tuple[str, list[
     with ``tflops`` None.
 
     ``shape_hint`` holds the shape's sizes (M, N, K): a header with several sized TFLOPS columns
-    (``tflops_2k``, ``tflops_4k``) reads the one whose size is among them."""
+    (``tflops_2k``, ``tflops_4k``) reads the one whose size is among them; when not exactly one is, the
+    first, with a problem on the header line."""
     hint = set(shape_hint)
-    header, columns = "", list[str]()
+    header, columns = "", _name_columns(list(DEFAULT_HEADER), hint, 0, [])
     rows: list[Row] = []
     problems: list[Problem] = []
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -107,7 +111,7 @@ def _name_columns(names: list[str], hint: set[int], line: int, problems: list[Pr
     sizes = {i: int(m.group(1)) * (1024 if m.group(2) else 1) for i, m in sized if m}
     chosen = [i for i, size in sizes.items() if size in hint]
     if sizes and "tflops" not in names:
-        pick = chosen[0] if len(chosen) == 1 else min(sizes)
+        pick = chosen[0] if len(chosen) == 1 else next(iter(sizes))  # else the first, said so
         if len(chosen) != 1:
             problems.append(
                 Problem(line=line, reason=f"no single TFLOPS column matches the shape; read {names[pick]}")
@@ -214,6 +218,7 @@ def _row(fields: _Fields, line: int) -> Row | Problem:
         return Problem(line=line, reason=f"not a row: unrecognized iteration id {original!r}")
     text = (fields.tflops_text or "").strip()
     tflops = float(text) if _NUMBER.fullmatch(text) else None
+    tflops = tflops if tflops is not None and math.isfinite(tflops) else None
     decision = values.get("decision", "").strip().upper() or None
     decision = decision if decision in DECISIONS else None
     kernel = values.get("kernel", "").strip()
