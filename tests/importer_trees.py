@@ -293,11 +293,11 @@ def _gen1(root: Path) -> dict[str, dict[str, Any]]:
             "VERIFY_FAIL": 1,
         },
         problems=[
+            (None, "rounds.raw.jsonl line 3: not a JSON line"),
             (20, "no readable TFLOPS"),
             (24, "leaves the tree"),
             (25, "leaves the tree"),
             (28, "not a row"),
-            (3, "rounds.raw.jsonl: not a JSON line"),
         ],
         copies=[
             f"{GEN1}/.backup/{A}_winners_20250101T000000/results.tsv",

@@ -293,7 +293,7 @@ def _note(line: str, source: str, number: int | None, problems: list[Problem]) -
     try:
         data = json.loads(line)
     except ValueError:
-        problems.append(Problem(line=number, reason=f"{source}: not a JSON line, not read"))
+        problems.append(Problem(reason=f"{source} line {number}: not a JSON line, not read"))
         return []
     if not isinstance(data, dict):
         return []
