@@ -25,6 +25,7 @@ def _register() -> None:
         exporter,
         gpu,
         gpu_check,
+        importer,
         kernels,
         measure,
         processes,

@@ -61,7 +61,7 @@ def clean(
 
     settings = load_settings()
     path = _repo_path(repo)
-    lease = _writer_lock(settings)
+    lease = writer_lock(settings)
     try:
         git = GitRepo(path, settings.results_branch, settings.sync_worktree, create=False)
         report = do_clean(git, _dsl_filter(dsl), invalid_only)
@@ -75,8 +75,9 @@ def clean(
         _forget_live_state(settings, keys)
 
 
-def _writer_lock(settings):  # type: ignore[no-untyped-def]
-    """Hold the writer lease while cleaning (only one process writes the repo); None without Redis."""
+def writer_lock(settings, command: str = "croqq clean"):  # type: ignore[no-untyped-def]
+    """Hold the writer lease while ``command`` writes the repo (only one process writes it); None without
+    Redis."""
     from croqq.delivery.leases import Lease, owner_id
     from croqq.delivery.redis_client import connect, require_redis
 
@@ -84,8 +85,10 @@ def _writer_lock(settings):  # type: ignore[no-untyped-def]
         require_redis(settings, timeout_s=1.0)
     except ConfigError:
         return None
-    lease = Lease(connect(settings), "writer", owner_id("clean"), settings.lease_ttl_s * 6)
-    lease.acquire(wait_s=0, what="the writer lock (a writer is running; stop it before `croqq clean`)")
+    lease = Lease(
+        connect(settings), "writer", owner_id(command.rsplit(maxsplit=1)[-1]), settings.lease_ttl_s * 6
+    )
+    lease.acquire(wait_s=0, what=f"the writer lock (a writer is running; stop it before `{command}`)")
     return lease
 
 

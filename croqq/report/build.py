@@ -110,7 +110,7 @@ def _render(opts: Options, data: RepoData, started: float, p: Progress) -> tuple
         ("shapes, iterations", f"{len(data.shapes())} shapes, {data.iterations()} iterations"),
         ("selection", " ".join(filters) or "everything"),
     ]
-    body = [section for section, _ in parts] + [sections.shape_table(data)]
+    body = [section for section, _ in parts] + [sections.shape_table(data), sections.imported_history(data)]
     return page("croqq report", meta, body), len(jobs)
 
 

@@ -4,7 +4,7 @@ Read from the branch tip only (``GitRepo.open_existing``: works on a clone, no c
 ``state.json`` lists a run's shapes, each shape's checkpoint gives its size and ``max_iter``,
 ``rounds.raw.jsonl`` its iterations (TFLOPS, decision, the baseline's vendor TFLOPS, each GPU step's
 interval) and ``attempts.jsonl`` its attempts by kind; ``submissions.jsonl`` names the shapes submitted
-but not stored yet (pending).
+but not stored yet (pending); ``imported/`` the logs `croqq import` kept as read-only history.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from croqq.errors import ConfigError
+from croqq.errors import ConfigError, InvalidRecordError
 from croqq.store import load, paths
 from croqq.store.gitrepo import GitRepo
-from croqq.store.schema import RoundRecord
+from croqq.store.schema import ImportedLog, RoundRecord
 
 FAIL_PREFIX = "FAIL_"
 
@@ -59,6 +59,7 @@ class ShapeData:
     points: list[Point] = field(default_factory=list)
     attempts: dict[str, int] = field(default_factory=dict)  # attempt kind -> count
     busy: list[Busy] = field(default_factory=list)
+    imported: int = 0  # iterations brought in by `croqq import`
 
     @property
     def dims(self) -> tuple[int, int, int]:
@@ -81,6 +82,7 @@ class RunData:
     dsl: str
     shapes: dict[str, ShapeData] = field(default_factory=dict)
     pending: dict[str, str] = field(default_factory=dict)  # submitted, nothing stored yet: key -> dtype
+    imported: list[ImportedLog] = field(default_factory=list)  # logs kept as read-only history
 
     @property
     def label(self) -> str:
@@ -184,8 +186,9 @@ def _shape(repo: GitRepo, gpu: str, dsl: str, key: str) -> ShapeData | None:
 def _add_round(shape: ShapeData, rnd: RoundRecord) -> None:
     shape.points.append(Point(rnd.iteration, rnd.tflops, rnd.decision, rnd.best_after))
     measure = rnd.measure
-    if rnd.iteration == 0 and measure.vendor_tflops:
+    if measure.vendor_tflops and (rnd.iteration == 0 or shape.vendor_tflops is None):
         shape.vendor_tflops = measure.vendor_tflops
+    shape.imported += rnd.imported is not None
     spans = [(measure.gpu_started_at, measure.gpu_busy_s)]
     if rnd.profile is not None:
         spans.append((rnd.profile.gpu_started_at, rnd.profile.gpu_busy_s))
@@ -199,6 +202,18 @@ def _pending(repo: GitRepo, gpu: str, dsl: str, stored: set[str], dtype: str | N
         for entry in rec.shapes:
             if entry.key not in stored and dtype in (None, entry.dtype):
                 out[entry.key] = entry.dtype
+    return out
+
+
+def _imported(repo: GitRepo, gpu: str, dsl: str) -> list[ImportedLog]:
+    """The run's imported logs kept as history (one that does not parse is left out: validate names it)."""
+    folder = paths.RunPaths(gpu, dsl).imported_dir
+    out = []
+    for name in repo.list_dir(folder):
+        try:
+            out.append(load.parse_json(repo.read(f"{folder}/{name}") or b"", ImportedLog, name))
+        except InvalidRecordError:
+            continue
     return out
 
 
@@ -219,5 +234,6 @@ def read_repo(
                 run.shapes[key] = shape
             tick()
         run.pending = _pending(repo, gpu, dsl, set(keys), sel.dtype)
+        run.imported = _imported(repo, gpu, dsl)
         data.runs.append(run)
     return data

@@ -115,12 +115,46 @@ def shape_table(data: RepoData) -> Section:
             _x(s.speedup),
             _x(s.vs_vendor),
             str(sum(s.attempts.values())),
+            str(s.imported),
         ]
         for s in shapes
     ]
     header = ["key", "run", "status", "iter/max", "baseline", "best", VENDOR, "x baseline", f"x {VENDOR}"]
-    table = Table([*header, "attempts"], rows, collapsed=f"all {len(rows)} shapes, by speedup (TFLOPS)")
+    table = Table(
+        [*header, "attempts", "imported iters"],
+        rows,
+        collapsed=f"all {len(rows)} shapes, by speedup (TFLOPS)",
+    )
     return Section("table", "Every shape", tables=[table])
+
+
+def _best_row(rows: list[dict[str, object]]) -> str:
+    """The highest TFLOPS of a history log's non-reference rows, with its id as written."""
+    measured = [r for r in rows if isinstance(r.get("tflops"), int | float) and not r.get("reference")]
+    best = max(measured, key=lambda r: float(r["tflops"]), default=None)  # type: ignore[arg-type]
+    return f"{_tf(float(best['tflops']))} ({best['original_id']})" if best else "-"  # type: ignore[arg-type]
+
+
+def imported_history(data: RepoData) -> Section:
+    """Logs `croqq import` kept as read-only history (what croqq cannot tune), beside the shapes: imported
+    iterations of tunable shapes are in every shape's figures and table like croqq's own."""
+    rows = [
+        [
+            log.source,
+            log.key,
+            f"{run.gpu}/{run.dsl}",
+            str(len(log.rows)),
+            _best_row(log.rows),
+            _tf(log.reference_tflops),
+            log.why,
+        ]
+        for run in data.runs
+        for log in run.imported
+    ]
+    header = ["source", "key", "run", "rows", "best (id)", "reference", "why history"]
+    tables = [Table(header, rows, collapsed=f"{len(rows)} imported log(s) kept as history")] if rows else []
+    notes = [] if rows else ["No imported log is kept as history."]
+    return Section("imported", "Imported history", tables=tables, notes=notes)
 
 
 def sweeps(data: RepoData, manifest: Manifest) -> tuple[Section, list[Job]]:

@@ -13,6 +13,7 @@ tuning/<gpu>/<dsl>/shapes/<key>/srcs/iter<NNN>_<tag>.<ext>
 tuning/<gpu>/<dsl>/shapes/<key>/perf/timing_iter<NNN>.txt
 tuning/<gpu>/<dsl>/shapes/<key>/perf/profile_iter<NNN>.txt
 tuning/<gpu>/<dsl>/headers/<hash16>/<name>          (once per distinct header content)
+tuning/<gpu>/<dsl>/imported/<name>.json              (an imported log kept as read-only history)
 kernels/<family>_<dtype>/<key>_best.<ext>
 
 One folder per shape: a STORE changes files of one shape only, so a commit rewrites one wide tree
@@ -68,6 +69,14 @@ class RunPaths:
     def shapes_dir(self) -> str:
         """The folder of every shape's folder (its names are the keys)."""
         return f"{self.root}/shapes"
+
+    @property
+    def imported_dir(self) -> str:
+        """Imported logs kept as read-only history (``croqq import``), one JSON file each."""
+        return f"{self.root}/imported"
+
+    def imported(self, name: str) -> str:
+        return f"{self.imported_dir}/{name}.json"
 
     def shape_dir(self, key: str) -> str:
         return f"{self.shapes_dir}/{key}"

@@ -98,6 +98,20 @@ class StateFile(_Schema):
     shapes: dict[str, StateEntry]
 
 
+class Imported(_Schema):
+    """Where an imported record came from (``croqq import``): its log's path relative to the imported
+    tree, the line, the id, decision token, TFLOPS and kernel as written, and the hash of the row's
+    content (a re-import adds a row only when this file, line and hash are not stored yet)."""
+
+    file: str
+    line: int = Field(ge=1)
+    original_id: str
+    decision: str | None = None
+    tflops: float | None = None
+    kernel: str = ""
+    row_hash: str
+
+
 class RoundRecord(_Schema):
     """One line of rounds.raw.jsonl: everything known about one measured iteration."""
 
@@ -122,15 +136,17 @@ class RoundRecord(_Schema):
     epoch: int = Field(ge=0)
     step_id: str
     timestamp: str
+    imported: Imported | None = None  # set on rounds brought in by `croqq import`
 
 
-AttemptKind = Literal["compile"] | RejectionKind
+AttemptKind = Literal["compile", "run"] | RejectionKind
 
 
 class AttemptRecord(_Schema):
     """One line of attempts.jsonl: an IDEATE or IMPLEMENT that produced no measurable candidate (it has
     no iteration id): ``compile`` failed to build, ``check`` failed a check before the build, ``agent``
-    the agent itself failed (timed out, exited non-zero, wrote no candidate), ``repeat`` an earlier one."""
+    the agent itself failed (timed out, exited non-zero, wrote no candidate), ``repeat`` an earlier one,
+    ``run`` an imported row whose run failed (crash, hang, wrong answer) with no measurement."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     key: str
@@ -145,6 +161,7 @@ class AttemptRecord(_Schema):
     epoch: int = Field(ge=0)
     step_id: str
     timestamp: str
+    imported: Imported | None = None
 
 
 class IdeaEntry(_Schema):
@@ -192,6 +209,25 @@ class SubmissionRecord(_Schema):
     max_iter: int = Field(gt=0)
     shapes: list[ScheduledShape]
     timestamp: str
+
+
+class ImportedLog(_Schema):
+    """A results log ``croqq import`` kept as read-only history (a problem croqq cannot tune): every row
+    as read, in ``imported/<name>.json`` of the run. ``rows``, ``ideas`` and ``problems`` are the
+    importer's own records (:mod:`croqq.store.importer.model`), kept as JSON objects."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    source: str
+    key: str
+    croqq_key: str | None
+    model: str | None
+    why: str
+    header: str
+    reference_tflops: float | None
+    checkpoint: dict[str, object] | None
+    rows: list[dict[str, object]]
+    ideas: list[dict[str, object]]
+    problems: list[dict[str, object]]
 
 
 class StoreReceipt(_Schema):

@@ -13,7 +13,8 @@ checkpoint and vice versa; attempt records carry no iteration id; every path ins
 the repo and the best kernel exists; no source ``#include`` is absolute or escapes the repo (resolved
 from the including file's folder) and every quoted one names a file of the repo (a stored kernel
 compiles from the repo alone); a complete shape has its best-kernel registry file; the run's folder holds
-nothing else (a results repo of an older layout is named, not misread). Outside runs:
+nothing else (a results repo of an older layout is named, not misread) but imported logs kept as
+history (``imported/<name>.json``, which must parse). Outside runs:
 the registry files under ``kernels/<family>_<dtype>/`` are named for a key of that dtype and include
 nothing outside the repo.
 
@@ -43,6 +44,7 @@ from croqq.store.schema import (
     AttemptRecord,
     Checkpoint,
     IdeaEntry,
+    ImportedLog,
     ResultsRow,
     RoundRecord,
     StateEntry,
@@ -171,10 +173,26 @@ class _RunCheck:
         """Name what the run's folder holds besides the layout's files (an older layout's folders, say:
         nothing reads them, so they must not pass for results)."""
         run = self.run
-        known = {run.state_json, run.submissions, run.summary_md, run.shapes_dir, f"{run.root}/{HEADERS_DIR}"}
+        known = {
+            run.state_json,
+            run.submissions,
+            run.summary_md,
+            run.shapes_dir,
+            run.imported_dir,
+            f"{run.root}/{HEADERS_DIR}",
+        }
         for path in (f"{run.root}/{name}" for name in self.repo.list_dir(run.root)):
             if path not in known:
                 self.add(path, f"not part of the results layout ({FOREIGN_HINT})")
+
+    def imported(self) -> None:
+        """Imported logs kept as read-only history: each one JSON file that parses."""
+        for name in self.repo.list_dir(self.run.imported_dir):
+            path = f"{self.run.imported_dir}/{name}"
+            if not name.endswith(".json") or self.repo.is_dir(path):
+                self.add(path, "not an imported log (imported/<name>.json)")
+                continue
+            self._parse(None, parse_json, self.repo.read(path) or b"", ImportedLog, path)
 
     def check(self) -> list[Problem]:
         state = self.state()
@@ -182,6 +200,7 @@ class _RunCheck:
         ckpts, ckpt_files = self.checkpoints()
         dirs = self.shape_dirs()
         self.foreign()
+        self.imported()
         for key in sorted(set(entries) | ckpt_files | set(dirs)):
             if entries.get(key) is None and key not in ckpt_files:
                 self.add(dirs[key], "files of a shape with neither checkpoint nor state entry", key)

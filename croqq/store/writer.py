@@ -16,7 +16,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from croqq.domain import source
@@ -349,15 +349,24 @@ class ResultsWriter:
         log.info("stored %s %s as %s", req.key, _label(req), commit[:12])
         return StoreReceipt(commit=commit, duplicate=False, iteration=iteration)
 
-    def apply_group(self, reqs: Sequence[StoreRequest]) -> list[StoreReceipt]:
-        """Group commit: store several requests in ONE commit (duplicates acknowledged as in apply)."""
+    def apply_group(
+        self, reqs: Sequence[StoreRequest], appends: Mapping[str, str] | None = None
+    ) -> list[StoreReceipt]:
+        """Group commit: store several requests in ONE commit (duplicates acknowledged as in apply).
+        ``appends``: text appended to further files in the same commit (an import's idea notes)."""
         started = time.perf_counter()
         draft = _Draft(self.repo, self._state_cache)
         fresh = [_stage(draft, req) for req in reqs]
+        for path, text in (appends or {}).items():
+            if not paths.is_inside_repo(path):
+                raise InvalidRecordError(f"{path}: an append that leaves the repo")
+            draft.append(path, text)
         commit = self.repo.head() or ""
-        if any(fresh):
+        if any(fresh) or appends:
             stored = [r for r, new in zip(reqs, fresh, strict=True) if new]
-            commit = self.repo.commit(draft.finish(), render.group_commit_message(stored))
+            appended = f"store: {len(appends or {})} file(s)"
+            message = render.group_commit_message(stored) if stored else appended
+            commit = self.repo.commit(draft.finish(), message)
             draft.remember_states()
             self._committed(started)
             log.info("stored %d record(s) in one commit %s", len(stored), commit[:12])
@@ -384,6 +393,21 @@ class ResultsWriter:
         subject = f"submit: {', '.join(r.submission for r in new)} ({shapes} shape(s))"
         commit = self.repo.commit(draft.finish(), subject)
         log.info("recorded %s as %s", subject, commit[:12])
+        return commit
+
+    def put_files(self, files: Mapping[str, str], subject: str) -> str | None:
+        """Write whole files in one commit (an import's read-only history); None when every file already
+        holds these bytes."""
+        changed: dict[str, bytes | None] = {
+            p: t.encode() for p, t in files.items() if self.repo.read(p) != t.encode()
+        }
+        for path in changed:
+            if not paths.is_inside_repo(path):
+                raise InvalidRecordError(f"{path}: a file that leaves the repo")
+        if not changed:
+            return None
+        commit = self.repo.commit(changed, subject)
+        log.info("%s as %s", subject, commit[:12])
         return commit
 
     def close(self) -> None:

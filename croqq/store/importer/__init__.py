@@ -1,0 +1,1 @@
+"""`croqq import`: a CroqTile-style tuning tree into the results repo."""

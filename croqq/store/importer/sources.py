@@ -1,0 +1,156 @@
+"""Kernel sources of an imported tree, in croqq's logical form: each quoted ``#include`` resolved from the
+including file's folder inside the tree. A header croqq's include folders offer by the same file name is
+kept as an include of that name, so that the writer stores it self-contained like every croqq source
+(:func:`croqq.domain.source.stored_files`, headers/<hash16>/); any other header is inlined, so that the
+source also builds where croqq builds a resumed shape's candidates (from its include folders only). An
+include that does not resolve inside the tree is commented out and named: that source is not
+compilable. Reads only; never writes to the tree."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from croqq.domain import source as src
+from croqq.domain.source import INCLUDE
+
+MAX_BYTES = 4 * 1024 * 1024  # a kernel source or header larger than this is not a source
+
+
+@dataclass(frozen=True)
+class TreeSource:
+    """One source read from the tree: its logical text, its header closure (name -> text) and the
+    includes that did not resolve (each a one-line reason; non-empty: not compilable)."""
+
+    path: str  # relative to the tree's root
+    text: str
+    headers: dict[str, str] = field(default_factory=dict)
+    unresolved: list[str] = field(default_factory=list)
+
+    @property
+    def compilable(self) -> bool:
+        return not self.unresolved
+
+
+def _read(root: Path, rel: str) -> str | None:
+    """A file's text, when ``rel`` stays inside the tree and it is a readable UTF-8 text file."""
+    if not rel or rel.startswith("/") or "\\" in rel:
+        return None
+    norm = posixpath.normpath(rel)
+    if norm == ".." or norm.startswith("../"):
+        return None
+    path = root / norm
+    try:
+        if not path.resolve().is_relative_to(root.resolve()) or not path.is_file():
+            return None
+        if path.stat().st_size > MAX_BYTES:
+            return None
+        data = path.read_bytes()
+        if b"\0" in data:
+            return None
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _inline(text: str, headers: dict[str, str], names: dict[str, str], kept: set[str], seen: set[str]) -> str:
+    """``text`` with each quoted include of a header croqq does not offer replaced by that header's text
+    (once; ``#pragma once`` dropped), and each one it offers renamed to its plain name."""
+
+    def repl(m: re.Match[str]) -> str:
+        path = m.group(3).strip()
+        if m.group(2) == "<" or path not in headers:
+            return m.group(0)
+        if path in kept:
+            return f'{m.group(1)}"{names[path]}"'
+        if path in seen:
+            return f'// croqq import: "{names[path]}" inlined above'
+        seen.add(path)
+        body = "\n".join(line for line in headers[path].splitlines() if line.split() != ["#pragma", "once"])
+        inner = _inline(body, headers, names, kept, seen)
+        return f'// croqq import: begin "{names[path]}"\n{inner}\n// croqq import: end "{names[path]}"'
+
+    return INCLUDE.sub(repl, text)
+
+
+def _plain_names(headers: dict[str, str]) -> dict[str, str]:
+    """Tree path -> the header's name in the closure: its file name when no other header of the closure
+    has it (as croqq's own headers are named, so a tree's copy of one is included as croqq includes it),
+    else its path in the tree."""
+    count = Counter(posixpath.basename(path) for path in headers)
+    return {
+        path: posixpath.basename(path) if count[posixpath.basename(path)] == 1 else path for path in headers
+    }
+
+
+class SourceReader:
+    """Reads sources of one tree, each header once. ``known``: the header names croqq's include folders
+    offer; a header of the tree by one of those names is kept as an include (stored under headers/),
+    any other is inlined where it is first included, so that the source builds wherever croqq builds
+    (a resumed shape's candidates are built from croqq's include folders only)."""
+
+    def __init__(self, root: Path, known: frozenset[str] = frozenset()) -> None:
+        self.root = root
+        self.known = known
+        self._headers: dict[str, tuple[str, list[str], list[str]] | None] = {}
+
+    def read(self, rel: str) -> TreeSource | None:
+        """The source at ``rel`` (relative to the root) in logical form; None when it cannot be read."""
+        text = _read(self.root, rel)
+        if text is None:
+            return None
+        body, deps, unresolved = self._logical(rel, text)
+        headers: dict[str, str] = {}
+        todo = list(deps)
+        while todo:
+            name = todo.pop()
+            if name in headers:
+                continue
+            entry = self._header(name)
+            assert entry is not None  # deps only name headers that resolved
+            headers[name], sub, bad = entry
+            todo += sub
+            unresolved += [r for r in bad if r not in unresolved]
+        names = _plain_names(headers)
+        kept = {path for path, name in names.items() if name in self.known}
+        body = _inline(body, headers, names, kept, set())
+        closure: dict[str, str] = {}
+        todo = sorted(kept)
+        while todo:  # a kept header's own includes are stored with it, as written
+            path = todo.pop()
+            if names[path] not in closure:
+                text = headers[path]
+                closure[names[path]] = src.rewrite_includes(text, names.get)
+                todo += [inc.path for inc in src.includes(text) if not inc.angle and inc.path in headers]
+        return TreeSource(rel, body, dict(sorted(closure.items())), unresolved)
+
+    def _header(self, name: str) -> tuple[str, list[str], list[str]] | None:
+        if name not in self._headers:
+            self._headers[name] = None  # an include cycle stops here
+            text = _read(self.root, name)
+            self._headers[name] = self._logical(name, text) if text is not None else None
+        return self._headers[name]
+
+    def _logical(self, rel: str, text: str) -> tuple[str, list[str], list[str]]:
+        """The text with quoted includes renamed to tree paths (unresolved ones commented out), the
+        names it includes, and the reasons of the unresolved ones."""
+        deps: list[str] = []
+        unresolved: list[str] = []
+
+        def repl(m: re.Match[str]) -> str:
+            if m.group(2) == "<":
+                return m.group(0)
+            inc = m.group(3).strip()
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(rel), inc))
+            if not inc.startswith("/") and _read(self.root, target) is not None:
+                self._header(target)  # read once (an include cycle finds it in progress)
+                deps.append(target)
+                return f'{m.group(1)}"{target}"'
+            line = text.count("\n", 0, m.start()) + 1
+            unresolved.append(f'{rel} line {line}: #include "{inc}" is not a file of the imported tree')
+            return f'// croqq import: unresolved #include "{inc}"'
+
+        return INCLUDE.sub(repl, text), deps, unresolved
