@@ -23,6 +23,7 @@ from benchmarks import (
     exporter_bench,
     history,
     hosts_bench,
+    import_bench,
     reconcile_bench,
     redis_bench,
     report_bench,
@@ -71,6 +72,7 @@ PARTS: dict[str, tuple[str, Part]] = {
     "events": ("task events' cost to Redis", lambda w, a: events_bench.events_cost(w)),
     "report": ("croqq report on a full results repo", lambda w, a: report_bench.run(w)),
     "exporter": ("exporter scrape time", lambda w, a: exporter_bench.run(w)),
+    "import": ("croqq import of a 2,000-row log and a 100-shape tree", lambda w, a: import_bench.run(w)),
 }
 
 

@@ -618,28 +618,29 @@ def _archive(root: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def write_big_log(path: Path, rows: int = 2000) -> None:
-    """One results log of ``rows`` measured rows (a reference row first), for timing the importer."""
+def _timing_shape(root: Path, key: str, rows: int) -> str:
+    """One resumable f16 log of ``rows`` rows (a reference row first, then measured rows with every 12th
+    a compile failure), each row's kernel source in the tree; returns the log's source."""
+    source = f"{GEN1}/logs/{key}/results.tsv"
     lines = [HEADER_1, "iter000|cublas|600.0|BASELINE|-|vendor baseline"]
-    lines += [
-        f"iter{i:03d}|srcs/k/iter{i:03d}.cu|{100 + (i * 37) % 500}.5|{'KEEP' if i % 7 == 0 else 'DISCARD'}"
-        f"|memory|idea number {i}"
-        for i in range(1, rows)
-    ]
-    _write(path, _tsv(lines))
+    for i in range(1, rows):
+        kernel = f"srcs/{key}/iter{i:03d}.cu"
+        _write(root / GEN1 / kernel, f"// {key} iter{i:03d}\n#define TILE_M {64 * (1 + i % 4)}\n")
+        if i % 12 == 0:
+            lines.append(f"iter{i:03d}|{kernel}|0|COMPILE_FAIL|compile error|idea {i}")
+        else:
+            lines.append(f"iter{i:03d}|{kernel}|{100 + (i * 37) % 500}.5|KEEP|memory|idea {i}")
+    _write(root / source, _tsv(lines))
+    return source
+
+
+def write_big_log(root: Path, rows: int = 2000) -> Path:
+    """A tree of one resumable shape whose log has ``rows`` rows, for timing the importer; returns the
+    log's path."""
+    return root / _timing_shape(root, "matmul_f16_4096x8192x8192", rows)
 
 
 def write_many_shapes(root: Path, shapes: int = 100, rows: int = 20) -> list[str]:
     """A gen-1 tree of ``shapes`` resumable f16 shapes of ``rows`` rows each, for timing a whole import;
     returns the logs' sources."""
-    sources = []
-    for i in range(shapes):
-        key = f"matmul_f16_{256 * (i + 1)}x4096x4096"
-        source = f"{GEN1}/logs/{key}/results.tsv"
-        lines = [HEADER_1, "iter000|cublas|600.0|BASELINE|-|vendor baseline"]
-        lines += [
-            f"iter{j:03d}|srcs/{key}/iter{j:03d}.cu|{100 + j}.0|KEEP|memory|idea {j}" for j in range(1, rows)
-        ]
-        _write(root / source, _tsv(lines))
-        sources.append(source)
-    return sources
+    return [_timing_shape(root, f"matmul_f16_{256 * (i + 1)}x4096x4096", rows) for i in range(shapes)]
