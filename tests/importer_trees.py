@@ -10,8 +10,9 @@ from the rows below, never computed by the code under test.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 GPU = "sm90_NVIDIA_H100_80GB_HBM3"  # the --gpu given for logs whose path names no GPU
 
@@ -196,7 +197,7 @@ def _expect(
     key: str | None,
     imported_as: str,
     *,
-    problems: list[tuple[int | None, str]] | None = None,
+    problems: Sequence[tuple[int | None, str]] | None = None,
     why: str = "",
     copies: list[str] | None = None,
     sources: dict[str, str] | None = None,
@@ -495,7 +496,7 @@ def _gen1(root: Path) -> dict[str, dict[str, Any]]:
     for key, lines, croqq_key, imported_as, why, figures in plain:
         _write(logs / key / "results.tsv", _tsv(lines))
         source = f"{GEN1}/logs/{key}/results.tsv"
-        out[source] = _expect(source, croqq_key, imported_as, why=why, **figures)
+        out[source] = _expect(source, croqq_key, imported_as, why=why, **cast(dict[str, Any], figures))
 
     binary = f"{GEN1}/logs/matmul_f16_128x128x128/results.tsv"
     _write(root / binary, b"iter\ttflops\n\x00\x01\x02\xff")
