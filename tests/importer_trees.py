@@ -156,6 +156,11 @@ LOG_R = [
 LOG_S = [HEADER_1, "iter001|k1|400.0|KEEP|mem|naive"]
 LOG_T = [HEADER_1, "iter001|k1|410.0|KEEP|mem|naive"]
 
+# a kernel of croqq's cuda family (every knob macro defined, values in its space): a best to resume from
+CROQQ_MACROS = "GEMM_M 512, GEMM_N 16384, GEMM_K 16384, TILE_M 128, TILE_N 128, TILE_K 64, STAGES 4, " + (
+    "WARPS_M 2, WARPS_N 2, RASTER 0, SWIZZLE 1, SPLIT_K 1, EPI_VEC 4"
+)
+CROQQ_KERNEL = "".join(f"#define {m}\n" for m in CROQQ_MACROS.split(", ")) + '#include "gemm_f16.cuh"\n'
 KERNEL_WITH_INCLUDES = '#include "common.h"\n#include "missing.h"\n__global__ void k() {}\n'
 
 
@@ -260,8 +265,8 @@ def _gen1(root: Path) -> dict[str, dict[str, Any]]:
         "shape_key": A,
     }
     _write(root / GEN1 / "checkpoints" / f"{A}.json", json.dumps(checkpoint))
-    for name in ("iter001.cu", "iter014.cu"):
-        _write(srcs / A / name, "__global__ void k() {}\n")
+    _write(srcs / A / "iter001.cu", "__global__ void k() {}\n")  # a kernel of another family
+    _write(srcs / A / "iter014.cu", CROQQ_KERNEL)
     _write(srcs / A / "iter003.cu", KERNEL_WITH_INCLUDES)
     _write(srcs / A / "common.h", "#pragma once\n")
     src_a = f"{GEN1}/logs/{A}/results.tsv"
@@ -621,12 +626,16 @@ def _archive(root: Path) -> dict[str, dict[str, Any]]:
 
 def _timing_shape(root: Path, key: str, rows: int) -> str:
     """One resumable f16 log of ``rows`` rows (a reference row first, then measured rows with every 12th
-    a compile failure), each row's kernel source in the tree; returns the log's source."""
+    a compile failure), each row's kernel source (of croqq's cuda family) in the tree; returns the log's
+    source."""
     source = f"{GEN1}/logs/{key}/results.tsv"
     lines = [HEADER_1, "iter000|cublas|600.0|BASELINE|-|vendor baseline"]
     for i in range(1, rows):
         kernel = f"srcs/{key}/iter{i:03d}.cu"
-        _write(root / GEN1 / kernel, f"// {key} iter{i:03d}\n#define TILE_M {64 * (1 + i % 4)}\n")
+        _write(
+            root / GEN1 / kernel,
+            f"// {key} iter{i:03d}\n" + CROQQ_KERNEL.replace("STAGES 4", f"STAGES {2 + i % 5}"),
+        )
         if i % 12 == 0:
             lines.append(f"iter{i:03d}|{kernel}|0|COMPILE_FAIL|compile error|idea {i}")
         else:

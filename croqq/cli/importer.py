@@ -110,6 +110,7 @@ def import_tree(
     from croqq.backends import backend_manifest
     from croqq.cli.repo import writer_lock
     from croqq.domain.knobs import include_resolver
+    from croqq.domain.source import read_from
     from croqq.placement import registry
     from croqq.store.gitrepo import GitRepo
     from croqq.store.importer.read import read_tree
@@ -137,8 +138,8 @@ def import_tree(
         path = Path(scratch.name) / "repo" if scratch else repo_path
         repo = GitRepo(path, settings.results_branch, settings.sync_worktree, create=True)
         try:
-            known = frozenset(include_resolver(manifest, dsl, settings.kernels_dir).names())
-            written = import_logs(repo, logs, root, gpu_type, dsl, dry_run, manifest, known)
+            offered = read_from(include_resolver(manifest, dsl, settings.kernels_dir))
+            written = import_logs(repo, logs, root, gpu_type, dsl, dry_run, manifest, offered)
         finally:
             repo.close()
     finally:

@@ -10,6 +10,7 @@ import pytest
 
 from croqq.domain.fsm import Phase
 from croqq.domain.manifest import Manifest, load_manifest
+from croqq.domain.source import HeaderResolver, read_from
 from croqq.proposers.agent.workspace import history_markdown, ideas_markdown
 from croqq.settings import Settings
 from croqq.store import paths
@@ -34,16 +35,16 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU, DSL = "sm90_NVIDIA_H200", "cuda"
 KEY = "f16_1024x1024x1024"
 RUN = paths.RunPaths(GPU, DSL)
-KNOWN = frozenset(p.name for p in (ROOT / "kernels/cuda").glob("*.cuh"))  # croqq's header names
+OFFERED = read_from(HeaderResolver((ROOT / "kernels/cuda",)))  # croqq's headers by name
 LOG = "tuning/H100/cuda/logs/matmul_f16fp32_1024x1024x1024/results.tsv"
 SRCS = "tuning/H100/cuda/srcs/matmul_f16fp32_1024x1024x1024"
-KERNEL = """#include <cuda.h>
-#include "../common/tile.cuh"
-#include "../common/gemm_core.cuh"
-#define TILE_M 128
-#define STAGES %d
-__global__ void k() {}
-"""
+KNOBS = "TILE_M 128, TILE_N 128, TILE_K 64, WARPS_M 2, WARPS_N 2, RASTER 0, SWIZZLE 1, SPLIT_K 1, EPI_VEC 4"
+KERNEL = (  # a kernel of croqq's cuda family: every knob macro defined, STAGES varied
+    '#include <cuda.h>\n#include "../common/tile.cuh"\n#include "../common/gemm_core.cuh"\n'
+    + "".join(f"#define {knob}\n" for knob in KNOBS.split(", "))
+    + "#define STAGES %d\n__global__ void k() {}\n"
+)
+FOREIGN = "// a CroqTile kernel with its own main\nint main() { return 0; }\n"
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def source_log(rows: list[Row] = ROWS, **kw: object) -> SourceLog:
 
 
 def do_import(repo: GitRepo, tree: Path, manifest: Manifest, logs: list[SourceLog], dry_run: bool = False):  # type: ignore[no-untyped-def]
-    return import_logs(repo, logs, tree, GPU, DSL, dry_run, manifest, KNOWN)
+    return import_logs(repo, logs, tree, GPU, DSL, dry_run, manifest, OFFERED)
 
 
 @pytest.fixture
@@ -148,7 +149,7 @@ def test_rows_become_iterations_and_attempts_with_their_provenance(
     assert [r.tflops for r in rounds] == [500.0, 300.0, 350.0, 340.0, 999.0]
     assert rounds[0].measure.vendor_tflops == 500.0 and rounds[1].measure.vendor_tflops is None
     assert rounds[2].timestamp == "2026-01-02T03:04" and rounds[2].imported.line == 5  # type: ignore[union-attr]
-    assert rounds[1].bottleneck == "memory" and rounds[2].knobs == {"STAGES": 4, "TILE_M": 128}
+    assert rounds[1].bottleneck == "memory" and rounds[2].knobs["STAGES"] == 4 and len(rounds[2].knobs) == 10
     attempts = load_attempts(repo, GPU, DSL, KEY)
     assert [(a.kind, a.after_iter, a.imported.decision) for a in attempts if a.imported] == [
         ("compile", 1, "COMPILE_FAIL"),
@@ -197,6 +198,23 @@ def test_an_include_the_tree_lacks_makes_the_source_non_compilable_and_never_the
     ckpt = load_checkpoint(repo, GPU, DSL, KEY)
     assert ckpt is not None and (ckpt.best_iter, ckpt.best_tflops) == (1, 300.0)
     assert validate_repo(repo.path, None) == []
+
+
+def test_a_kernel_of_another_family_is_stored_but_never_a_best_to_resume_from(
+    repo: GitRepo, tree: Path, manifest: Manifest
+) -> None:
+    (tree / SRCS / "own_main.cu").write_text(FOREIGN)
+    rows = [*ROWS[:2], row(3, "iter002", "KEEP", 800.0, f"{SRCS}/own_main.cu", idea="self-timed")]
+    sources = {**SOURCES, f"{SRCS}/own_main.cu": f"{SRCS}/own_main.cu"}
+    [out] = do_import(repo, tree, manifest, [source_log(rows, sources=sources)])
+    assert [p.line for p in out.problems if "not a kernel of croqq's cuda family" in p.reason] == [3]
+    rounds = load_rounds(repo, GPU, DSL, KEY)
+    assert (rounds[2].decision, (repo.read(rounds[2].kernel) or b"").decode()) == ("DISCARD", FOREIGN)
+    ckpt = load_checkpoint(repo, GPU, DSL, KEY)
+    assert ckpt is not None and (ckpt.best_iter, ckpt.best_tflops) == (1, 300.0)
+    only_foreign = [ROWS[0], row(3, "iter001", "KEEP", 800.0, f"{SRCS}/own_main.cu")]
+    [history] = do_import(repo, tree, manifest, [source_log(only_foreign, sources=sources, source="b.tsv")])
+    assert history.imported_as == "history" and "to resume from" in history.why
 
 
 def test_a_row_with_no_measurement_is_a_problem_and_the_rest_is_imported(
@@ -270,7 +288,7 @@ def test_what_croqq_cannot_tune_is_kept_as_history_that_validates(
     outs = do_import(repo, tree, manifest, [moe, no_src])
     assert [o.imported_as for o in outs] == ["history", "history"]
     assert outs[0].why == "not a GEMM croqq tunes"
-    assert outs[1].why == "no measured kernel whose source is in the tree to resume from"
+    assert outs[1].why == "no measured kernel of croqq's cuda family in the tree to resume from"
     assert outs[0].history is not None and repo.exists(outs[0].history)
     assert outs[0].history_rows == len(ROWS)
     assert load_checkpoint(repo, GPU, DSL, KEY) is None

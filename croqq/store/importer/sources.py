@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,17 +23,19 @@ MAX_BYTES = 4 * 1024 * 1024  # a kernel source or header larger than this is not
 
 @dataclass(frozen=True)
 class TreeSource:
-    """One source read from the tree: its logical text, its header closure (name -> text) and the
-    includes that did not resolve (each a one-line reason; non-empty: not compilable)."""
+    """One source read from the tree: its logical text, its header closure (name -> text), the includes
+    that did not resolve (each a one-line reason) and whether it is a kernel of croqq's family; either
+    makes it not compilable (stored, never a best to resume from)."""
 
     path: str  # relative to the tree's root
     text: str
     headers: dict[str, str] = field(default_factory=dict)
     unresolved: list[str] = field(default_factory=list)
+    foreign: str = ""  # why croqq's family of the dsl cannot build it ('' when it can)
 
     @property
     def compilable(self) -> bool:
-        return not self.unresolved
+        return not self.unresolved and not self.foreign
 
 
 def _read(root: Path, rel: str) -> str | None:
@@ -87,14 +90,15 @@ def _plain_names(headers: dict[str, str]) -> dict[str, str]:
 
 
 class SourceReader:
-    """Reads sources of one tree, each header once. ``known``: the header names croqq's include folders
-    offer; a header of the tree by one of those names is kept as an include (stored under headers/),
-    any other is inlined where it is first included, so that the source builds wherever croqq builds
-    (a resumed shape's candidates are built from croqq's include folders only)."""
+    """Reads sources of one tree, each header once. ``offered``: a header of croqq's include folders by
+    name (None when croqq has none by that name). A header of the tree by one of those names is kept as an
+    include, any other is inlined where it is first included, and an include the tree lacks but croqq
+    offers resolves to croqq's; kept headers are stored with the source (headers/), so that it builds
+    wherever croqq builds (a resumed shape's candidates are built from croqq's include folders only)."""
 
-    def __init__(self, root: Path, known: frozenset[str] = frozenset()) -> None:
+    def __init__(self, root: Path, offered: Callable[[str], str | None] = lambda name: None) -> None:
         self.root = root
-        self.known = known
+        self.offered = offered
         self._headers: dict[str, tuple[str, list[str], list[str]] | None] = {}
 
     def read(self, rel: str) -> TreeSource | None:
@@ -115,7 +119,7 @@ class SourceReader:
             todo += sub
             unresolved += [r for r in bad if r not in unresolved]
         names = _plain_names(headers)
-        kept = {path for path, name in names.items() if name in self.known}
+        kept = {path for path, name in names.items() if self.offered(name) is not None}
         body = _inline(body, headers, names, kept, set())
         closure: dict[str, str] = {}
         todo = sorted(kept)
@@ -125,7 +129,8 @@ class SourceReader:
                 text = headers[path]
                 closure[names[path]] = src.rewrite_includes(text, names.get)
                 todo += [inc.path for inc in src.includes(text) if not inc.angle and inc.path in headers]
-        return TreeSource(rel, body, dict(sorted(closure.items())), unresolved)
+        closure = src.header_closure(body, lambda name: closure.get(name) or self.offered(name))
+        return TreeSource(rel, body, closure, unresolved)
 
     def _header(self, name: str) -> tuple[str, list[str], list[str]] | None:
         if name not in self._headers:
@@ -149,6 +154,8 @@ class SourceReader:
                 self._header(target)  # read once (an include cycle finds it in progress)
                 deps.append(target)
                 return f'{m.group(1)}"{target}"'
+            if self.offered(inc) is not None:
+                return m.group(0)  # one of croqq's headers: stored with the source
             line = text.count("\n", 0, m.start()) + 1
             unresolved.append(f'{rel} line {line}: #include "{inc}" is not a file of the imported tree')
             return f'// croqq import: unresolved #include "{inc}"'

@@ -41,11 +41,13 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from croqq.domain import source as src
 from croqq.domain.decide import BASELINE, DISCARD, KEEP
+from croqq.domain.knobs import check_knobs
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import Idea, Measurement, MeasureResult
 from croqq.domain.schedule import build_schedule, region_of
@@ -322,11 +324,17 @@ class Importer:
     """Stores the logs of one tree into one run (``gpu``/``dsl``) of a results repo."""
 
     def __init__(
-        self, repo: GitRepo, root: Path, gpu: str, dsl: str, manifest: Manifest, known: frozenset[str]
+        self,
+        repo: GitRepo,
+        root: Path,
+        gpu: str,
+        dsl: str,
+        manifest: Manifest,
+        offered: Callable[[str], str | None],
     ) -> None:
         self.repo, self.root, self.gpu, self.dsl, self.manifest = repo, root, gpu, dsl, manifest
         self.writer = ResultsWriter(repo)
-        self.reader = SourceReader(root, known)
+        self.reader = SourceReader(root, offered)
         self._sources: dict[str, TreeSource | None] = {}
         self.problems: list[Problem] = []  # of the log being stored
 
@@ -349,8 +357,21 @@ class Importer:
             if tree is not None and tree.unresolved:
                 reason = f"{tree.unresolved[0]}; stored as not compilable"
                 self.problems.append(Problem(line=row.line, reason=reason))
+            elif tree is not None and (foreign := self._foreign(tree.text)):
+                tree = replace(tree, foreign=foreign)
+                self.problems.append(Problem(line=row.line, reason=f"{rel}: {foreign}"))
             self._sources[rel] = tree
         return self._sources[rel]
+
+    def _foreign(self, text: str) -> str:
+        """Why croqq's kernel family of the dsl cannot build ``text`` ('' when it can): a kernel of that
+        family defines every knob macro, each with a value of the knob space."""
+        spec = self.manifest.dsl(self.dsl)
+        try:
+            check_knobs(spec, src.knob_values(text, spec.knobs))
+        except ConfigError as exc:
+            return f"not a kernel of croqq's {self.dsl} family ({exc}); stored, never a best to resume from"
+        return ""
 
     # -- why a log cannot resume --------------------------------------------------------------------
 
@@ -381,7 +402,7 @@ class Importer:
         key = log.key.croqq_key if log.imported_as == "resumable" else None
         why = self._not_tunable(log) if key is not None else log.why
         if key is not None and not why and not any(self._usable_row(log, r) for r in log.rows):
-            why = "no measured kernel whose source is in the tree to resume from"
+            why = f"no measured kernel of croqq's {self.dsl} family in the tree to resume from"
         if key is None or why:
             out = self._history(log, why or log.why, dry_run)
         else:
@@ -498,13 +519,14 @@ def import_logs(
     dsl: str,
     dry_run: bool,
     manifest: Manifest,
-    known_headers: frozenset[str] = frozenset(),
+    offered: Callable[[str], str | None] = lambda name: None,
 ) -> list[Written]:
     """Store every log (one commit each; none with ``dry_run``); returns what each became.
-    ``known_headers``: the header names croqq's include folders offer (others are inlined)."""
+    ``offered``: a header of croqq's include folders by name, None when it has none (the tree's other
+    headers are inlined)."""
     if dsl not in manifest.dsls:
         raise ConfigError(f"unknown dsl {dsl!r}; the manifest has {', '.join(manifest.dsls)}")
-    importer = Importer(repo, src_root, gpu, dsl, manifest, known_headers)
+    importer = Importer(repo, src_root, gpu, dsl, manifest, offered)
     out = []
     for log in logs:
         try:
