@@ -13,19 +13,19 @@ resumes it after the imported iterations:
 - a row with neither is not stored (the reader names it as a problem);
 - croqq's decision: ``BASELINE`` for a reference row (its TFLOPS is the round's ``vendor_tflops``, never
   the best), ``KEEP`` for a row that beats every earlier one among the non-reference rows whose source
-  is in the tree and compiles from it (so the best is the first row with the highest TFLOPS),
-  ``DISCARD`` otherwise;
+  is in the tree, compiles from it and is a kernel of croqq's family of the dsl (so the best is the
+  first such row with the highest TFLOPS), ``DISCARD`` otherwise;
 - values croqq requires that no log has get their neutral value: ``hw_eff_pct`` 0, ``epoch`` 0,
   ``gpu_uuid`` '', ``strategy`` refine, ``mode`` from_current_best, ``timestamp`` the row's or '',
   knobs those the source defines, ``seed_knobs`` croqq's reference seed for the dtype, ``baseline_tflops``
-  the vendor reference (0 when the log has none), ``max_iter`` the imported iterations plus the mode's
+  the highest vendor reference (0 when the log has none), ``max_iter`` the imported iterations plus the mode's
   iteration count (a later submit may ask for more);
 - sources the rows name and the tree holds are stored self-contained (headers/<hash16>/ for the headers
   croqq's include folders offer by name, the others inlined: :mod:`.sources`); a row whose source is not
   in the tree gets a one-line placeholder source that says so.
 
 A log that croqq cannot tune (``history``, or a resumable one whose dtype, size or seed croqq lacks, or
-with no kernel source to resume from) is kept whole as read-only history in
+with no kernel of croqq's family to resume from) is kept whole as read-only history in
 ``tuning/<gpu>/<dsl>/imported/<name>.json``.
 
 Idempotent: rows whose file, line and content hash are stored already are skipped, so importing the same
@@ -285,7 +285,7 @@ class _Shape:
             }
             self.best_id = row.original_id
         if row.reference:
-            update["baseline_tflops"] = row.tflops
+            update["baseline_tflops"] = max(ck.baseline_tflops, row.tflops)  # the best reference
         after = ck.model_copy(update=update)
         measure = MeasureResult(
             candidate=Measurement(outcome="ok", tflops=row.tflops, detail="imported"),
