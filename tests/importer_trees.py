@@ -299,7 +299,7 @@ def _gen1(root: Path) -> dict[str, dict[str, Any]]:
             "VERIFY_FAIL": 1,
         },
         problems=[
-            (None, "rounds.raw.jsonl line 3: not a JSON line"),
+            (None, "rounds.raw.jsonl line 3: not JSON"),
             (20, "no readable TFLOPS"),
             (24, "leaves the tree"),
             (25, "leaves the tree"),

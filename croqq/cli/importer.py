@@ -69,8 +69,6 @@ def _print_table(objects: list[dict[str, object]], written: list[Written], dry_r
 
 
 def _check_paths(src: Path, into: Path) -> None:
-    if not src.exists():
-        raise ConfigError(f"{src}: no such file or folder to import")
     s, r = src.resolve(), into.resolve()
     if r == s or s in r.parents:
         raise ConfigError(
@@ -121,6 +119,7 @@ def import_tree(
     manifest = backend_manifest(settings)
     manifest.dsl(dsl)
     repo_path = into or settings.results_repo
+    logs = read_tree(src, gpu)  # a path that is no tree: one line, before anything else
     _check_paths(src, repo_path)
     if gpu is None:
         from croqq.delivery.redis_client import require_redis
@@ -130,7 +129,6 @@ def import_tree(
         except ConfigError:
             raise ConfigError("no cluster to ask for its GPU type; pass --gpu TYPE") from None
     gpu_type = registry.pick_gpu_type(settings, manifest, gpu)
-    logs = read_tree(src, gpu)
     root = src if src.is_dir() else src.parent
     lease = None if dry_run else writer_lock(settings, "croqq import")
     scratch = tempfile.TemporaryDirectory() if dry_run and not repo_path.exists() else None

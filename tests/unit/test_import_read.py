@@ -517,3 +517,16 @@ def test_lines_that_are_no_rows_are_problems_never_errors() -> None:
     assert rows == []
     assert [p.line for p in problems] == [3, 4, 5, 6, 7, 8]  # the tab-only line 2 is blank
     assert all(p.reason.startswith("not a row") for p in problems)
+
+
+def test_a_broken_json_companion_is_one_problem_naming_the_file(tmp_path: Path) -> None:
+    key, model = "matmul_f16_1024x1024x1024", "claude"
+    log = tmp_path / "tuning" / "g" / "cuda" / "logs" / key / model / "results.tsv"
+    idea = tmp_path / "tuning" / "g" / "cuda" / "checkpoints" / key / model / "current_idea.json"
+    for path, text in ((log, _tsv([HEADERS[0], "iter001|k.cu|1.0|KEEP|b|i"])), (idea, "{not json")):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    (read,) = read_tree(tmp_path)
+    where = f"tuning/g/cuda/checkpoints/{key}/{model}/current_idea.json"
+    assert [(p.line, p.reason) for p in read.problems] == [(None, f"{where}: not JSON, not read")]
+    assert len(read.rows) == 1

@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from croqq.errors import ConfigError
 from croqq.store.importer.keys import parse_key
 from croqq.store.importer.model import IdeaNote, ParsedKey, Problem, Row, SourceLog
+from croqq.store.importer.sources import as_text
 from croqq.store.importer.tsv import parse_results
 
 LOG_NAMES = ("results.tsv", "results.tsv.orig")
@@ -78,7 +79,7 @@ def read_tree(src: Path, gpu: str | None = None) -> list[SourceLog]:
 
 def _log_files(src: Path) -> list[Path]:
     if not src.exists():
-        raise ConfigError(f"{src}: no such file or folder")
+        raise ConfigError(f"{src}: no such file or folder to import")
     if src.is_file():
         if src.name not in LOG_NAMES:
             raise ConfigError(f"{src}: not a results.tsv nor a folder holding tuning logs")
@@ -149,7 +150,12 @@ def _read_log(place: _Place, root: Path, gpu: str | None) -> SourceLog:
         hint = tuple(size for size in (key.m, key.n, key.k) if size is not None)
         header, rows, found = parse_results(text, hint)
         problems += found
-    checkpoint, checkpoint_source = _checkpoint(place, root, problems)
+    found_json = [
+        (path, data)
+        for path in _companions(place, "checkpoints")
+        if path.suffix == ".json" and (data := _json(path, root, problems)) is not None
+    ]
+    checkpoint, checkpoint_source = _checkpoint(found_json, root)
     if checkpoint is not None:
         problems += _disagreement(checkpoint, checkpoint_source or "", rows)
     return SourceLog(
@@ -164,7 +170,7 @@ def _read_log(place: _Place, root: Path, gpu: str | None) -> SourceLog:
         checkpoint=checkpoint,
         checkpoint_source=checkpoint_source,
         reference_tflops=_reference(rows, place, root, problems),
-        ideas=_ideas(place, root, problems),
+        ideas=_ideas(place, root, problems, found_json),
         sources=_sources(rows, place.path.parent, root, problems),
     )
 
@@ -188,14 +194,10 @@ def _text(path: Path, root: Path, problems: list[Problem]) -> str | None:
     except OSError as exc:
         problems.append(Problem(reason=f"{_rel(path, root)}: unreadable ({exc.strerror or exc})"))
         return None
-    if b"\0" in data:
-        problems.append(Problem(reason=f"{_rel(path, root)}: binary file, not read"))
-        return None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        problems.append(Problem(reason=f"{_rel(path, root)}: not UTF-8 text, not read"))
-        return None
+    text, why = as_text(data)
+    if text is None:
+        problems.append(Problem(reason=f"{_rel(path, root)}: {why}, not read"))
+    return text
 
 
 def _json(path: Path, root: Path, problems: list[Problem]) -> dict[str, object] | None:
@@ -230,14 +232,9 @@ def _companions(place: _Place, kind: str) -> list[Path]:
 
 
 def _checkpoint(
-    place: _Place, root: Path, problems: list[Problem]
+    read: list[tuple[Path, dict[str, object]]], root: Path
 ) -> tuple[dict[str, object] | None, str | None]:
     """The shape's checkpoint: of the JSON files found, the first naming a best TFLOPS, else the first."""
-    read = [
-        (path, data)
-        for path in _companions(place, "checkpoints")
-        if path.suffix == ".json" and (data := _json(path, root, problems)) is not None
-    ]
     if not read:
         return None, None
     path, data = next(((p, d) for p, d in read if any(k in d for k in _BEST_KEYS)), read[0])
@@ -272,29 +269,33 @@ def _reference(rows: list[Row], place: _Place, root: Path, problems: list[Proble
     return None
 
 
-def _ideas(place: _Place, root: Path, problems: list[Problem]) -> list[IdeaNote]:
+def _ideas(
+    place: _Place, root: Path, problems: list[Problem], checkpoints: list[tuple[Path, dict[str, object]]]
+) -> list[IdeaNote]:
+    """Ideas from the idea logs and memories (JSON lines) and from ``current_idea.json`` (read already
+    with the checkpoints)."""
     folder = place.path.parent
     paths = [folder / name for name in IDEA_FILES if _plain_file(folder / name)]
     paths += [p for p in _companions(place, "memory") if p.name in IDEA_FILES]
-    paths += [p for p in _companions(place, "checkpoints") if p.name == "current_idea.json"]
     notes: list[IdeaNote] = []
     for path in paths:
         text = _text(path, root, problems)
-        if text is None:
-            continue
-        lines = [text] if path.suffix == ".json" else text.splitlines()
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                notes += _note(line, _rel(path, root), None if path.suffix == ".json" else number, problems)
+        for number, line in enumerate(text.splitlines() if text else [], start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except ValueError:
+                problems.append(Problem(reason=f"{_rel(path, root)} line {number}: not JSON, not read"))
+                continue
+            notes += _note(data, _rel(path, root), number)
+    for path, data in checkpoints:
+        if path.name == "current_idea.json":
+            notes += _note(data, _rel(path, root), None)
     return notes
 
 
-def _note(line: str, source: str, number: int | None, problems: list[Problem]) -> list[IdeaNote]:
-    try:
-        data = json.loads(line)
-    except ValueError:
-        problems.append(Problem(reason=f"{source} line {number}: not a JSON line, not read"))
-        return []
+def _note(data: object, source: str, number: int | None) -> list[IdeaNote]:
     if not isinstance(data, dict):
         return []
     summary = next((str(data[k]) for k in _IDEA_TEXT if isinstance(data.get(k), str) and data[k]), "")

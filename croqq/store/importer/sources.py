@@ -1,10 +1,10 @@
 """Kernel sources of an imported tree, in croqq's logical form: each quoted ``#include`` resolved from the
-including file's folder inside the tree. A header croqq's include folders offer by the same file name is
-kept as an include of that name, so that the writer stores it self-contained like every croqq source
-(:func:`croqq.domain.source.stored_files`, headers/<hash16>/); any other header is inlined, so that the
-source also builds where croqq builds a resumed shape's candidates (from its include folders only). An
-include that does not resolve inside the tree is commented out and named: that source is not
-compilable. Reads only; never writes to the tree."""
+including file's folder inside the tree, else from croqq's include folders. A header croqq's include
+folders offer by the same file name is kept as an include of that name, so that the writer stores it
+self-contained like every croqq source (:func:`croqq.domain.source.stored_files`, headers/<hash16>/); any
+other header of the tree is inlined, so that the source also builds where croqq builds a resumed shape's
+candidates (from its include folders only). An include that resolves in neither is commented out and
+named: that source is not compilable. Reads only; never writes to the tree."""
 
 from __future__ import annotations
 
@@ -38,6 +38,16 @@ class TreeSource:
         return not self.unresolved and not self.foreign
 
 
+def as_text(data: bytes) -> tuple[str | None, str]:
+    """A file's bytes as text (UTF-8, a byte-order mark dropped), or None and why not."""
+    if b"\0" in data:
+        return None, "binary file"
+    try:
+        return data.decode("utf-8-sig"), ""
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+
+
 def _read(root: Path, rel: str) -> str | None:
     """A file's text, when ``rel`` stays inside the tree and it is a readable UTF-8 text file."""
     if not rel or rel.startswith("/") or "\\" in rel:
@@ -51,11 +61,8 @@ def _read(root: Path, rel: str) -> str | None:
             return None
         if path.stat().st_size > MAX_BYTES:
             return None
-        data = path.read_bytes()
-        if b"\0" in data:
-            return None
-        return data.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+        return as_text(path.read_bytes())[0]
+    except OSError:
         return None
 
 
@@ -99,11 +106,17 @@ class SourceReader:
     def __init__(self, root: Path, offered: Callable[[str], str | None] = lambda name: None) -> None:
         self.root = root
         self.offered = offered
+        self._texts: dict[str, str | None] = {}  # each file of the tree read once
         self._headers: dict[str, tuple[str, list[str], list[str]] | None] = {}
+
+    def _text(self, rel: str) -> str | None:
+        if rel not in self._texts:
+            self._texts[rel] = _read(self.root, rel)
+        return self._texts[rel]
 
     def read(self, rel: str) -> TreeSource | None:
         """The source at ``rel`` (relative to the root) in logical form; None when it cannot be read."""
-        text = _read(self.root, rel)
+        text = self._text(rel)
         if text is None:
             return None
         body, deps, unresolved = self._logical(rel, text)
@@ -121,21 +134,21 @@ class SourceReader:
         names = _plain_names(headers)
         kept = {path for path, name in names.items() if self.offered(name) is not None}
         body = _inline(body, headers, names, kept, set())
-        closure: dict[str, str] = {}
+        ours: dict[str, str] = {}  # the tree's kept headers, by plain name
         todo = sorted(kept)
         while todo:  # a kept header's own includes are stored with it, as written
             path = todo.pop()
-            if names[path] not in closure:
+            if names[path] not in ours:
                 text = headers[path]
-                closure[names[path]] = src.rewrite_includes(text, names.get)
+                ours[names[path]] = src.rewrite_includes(text, names.get)
                 todo += [inc.path for inc in src.includes(text) if not inc.angle and inc.path in headers]
-        closure = src.header_closure(body, lambda name: closure.get(name) or self.offered(name))
+        closure = src.header_closure(body, lambda name: ours.get(name) or self.offered(name))
         return TreeSource(rel, body, closure, unresolved)
 
     def _header(self, name: str) -> tuple[str, list[str], list[str]] | None:
         if name not in self._headers:
             self._headers[name] = None  # an include cycle stops here
-            text = _read(self.root, name)
+            text = self._text(name)
             self._headers[name] = self._logical(name, text) if text is not None else None
         return self._headers[name]
 
@@ -150,7 +163,7 @@ class SourceReader:
                 return m.group(0)
             inc = m.group(3).strip()
             target = posixpath.normpath(posixpath.join(posixpath.dirname(rel), inc))
-            if not inc.startswith("/") and _read(self.root, target) is not None:
+            if not inc.startswith("/") and self._text(target) is not None:
                 self._header(target)  # read once (an include cycle finds it in progress)
                 deps.append(target)
                 return f'{m.group(1)}"{target}"'

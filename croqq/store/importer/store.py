@@ -50,7 +50,7 @@ from croqq.domain.decide import BASELINE, DISCARD, KEEP
 from croqq.domain.knobs import check_knobs
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import Idea, Measurement, MeasureResult
-from croqq.domain.schedule import build_schedule, region_of
+from croqq.domain.schedule import ScheduledShape, build_schedule, region_of
 from croqq.errors import ConfigError, CroqqError
 from croqq.store import paths
 from croqq.store.gitrepo import GitRepo
@@ -149,6 +149,12 @@ def _storable(row: Row, problems: list[Problem]) -> bool:
     return True
 
 
+def _original_id(rounds: list[RoundRecord], iteration: int) -> str | None:
+    """The id as written of a stored imported round (None for croqq's own)."""
+    found = next((r for r in rounds if r.iteration == iteration), None)
+    return found.imported.original_id if found and found.imported else None
+
+
 def _history_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", source.replace("/", "__"))[:200]
 
@@ -165,7 +171,7 @@ class _Shape:
         self.ext, self.knob_names = spec.ext, list(spec.knobs)
         self.family = manifest.dtypes[dtype].family
         self.seed = dict(spec.kernels[dtype].reference)
-        sched = {s.key: s for s in build_schedule(manifest, dtype)}.get(key)
+        sched = importer.scheduled(dtype).get(key)
         self.scenarios = sched.scenarios if sched else ["imported"]
         self.region = region_of(manifest, self.m, self.n, self.k)
         self.ckpt = ckpt or self._empty()
@@ -336,7 +342,14 @@ class Importer:
         self.writer = ResultsWriter(repo)
         self.reader = SourceReader(root, offered)
         self._sources: dict[str, TreeSource | None] = {}
+        self._schedules: dict[str, dict[str, ScheduledShape]] = {}
         self.problems: list[Problem] = []  # of the log being stored
+
+    def scheduled(self, dtype: str) -> dict[str, ScheduledShape]:
+        """croqq's schedule of a dtype by key (built once per import)."""
+        if dtype not in self._schedules:
+            self._schedules[dtype] = {s.key: s for s in build_schedule(self.manifest, dtype)}
+        return self._schedules[dtype]
 
     def source_of(self, log: SourceLog, row: Row) -> TreeSource | None:
         """The row's kernel source from the tree (None when the tree does not hold it or it cannot be
@@ -410,11 +423,11 @@ class Importer:
         out.problems = self.problems + out.problems
         return out
 
-    def _stored_rows(self, key: str) -> tuple[set[tuple[str, int, str]], set[str], bool]:
-        """What the repo holds for ``key``: the (file, line, hash) of imported rows, the files they came
+    def _stored_rows(
+        self, rounds: list[RoundRecord], attempts: list[AttemptRecord]
+    ) -> tuple[set[tuple[str, int, str]], set[str], bool]:
+        """What the repo holds for a shape: the (file, line, hash) of imported rows, the files they came
         from, and whether croqq itself stored anything."""
-        rounds = load_rounds(self.repo, self.gpu, self.dsl, key)
-        attempts = load_attempts(self.repo, self.gpu, self.dsl, key)
         done: set[tuple[str, int, str]] = set()
         files: set[str] = set()
         own = False
@@ -429,7 +442,8 @@ class Importer:
     def _resumable(self, log: SourceLog, key: str, dry_run: bool) -> Written:
         out = Written(log.source, key, "resumable")
         ckpt = load_checkpoint(self.repo, self.gpu, self.dsl, key)
-        done, files, own = self._stored_rows(key)
+        rounds = load_rounds(self.repo, self.gpu, self.dsl, key)
+        done, files, own = self._stored_rows(rounds, load_attempts(self.repo, self.gpu, self.dsl, key))
         new = [r for r in log.rows if (log.source, r.line, row_hash(r)) not in done]
         new = [r for r in new if _storable(r, out.problems)]
         if ckpt is not None and new and (own or files - {log.source}):
@@ -446,7 +460,8 @@ class Importer:
                 plan.add_iteration(row)
         notes = self._notes(log, key)
         if plan.ckpt.best_iter >= 0:
-            out.best_tflops, out.best_id = plan.ckpt.best_tflops, plan.best_id or self._stored_best_id(key)
+            out.best_tflops = plan.ckpt.best_tflops
+            out.best_id = plan.best_id or _original_id(rounds, plan.ckpt.best_iter)
         out.iterations = sum(r.kind == "iteration" for r in plan.requests)
         out.attempts = len(plan.requests) - out.iterations
         out.ideas = len(notes)
@@ -456,12 +471,6 @@ class Importer:
         receipts = self.writer.apply_group(plan.requests, appends)
         out.commit = receipts[-1].commit if receipts else self.repo.head()
         return out
-
-    def _stored_best_id(self, key: str) -> str | None:
-        ckpt = load_checkpoint(self.repo, self.gpu, self.dsl, key)
-        rounds = load_rounds(self.repo, self.gpu, self.dsl, key)
-        best = next((r for r in rounds if ckpt and r.iteration == ckpt.best_iter), None)
-        return best.imported.original_id if best and best.imported else None
 
     def _notes(self, log: SourceLog, key: str) -> list[str]:
         """ideas.jsonl lines for the tree's idea notes not stored yet (the shape's dedup set)."""
