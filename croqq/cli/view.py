@@ -54,8 +54,15 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
 
 
 def _problems(snap: Snapshot, limit: int = 10) -> list[Table]:
-    """Workers whose host refuses work, and parked shapes with their reason (nothing when none)."""
+    """Alarms, workers whose host refuses work, and parked shapes with their reason (nothing when none)."""
     out = []
+    if snap.alarms:
+        table = Table(title="ALARMS (croqq waits for these to pass; each says what to do)", show_edge=False)
+        for col in ("alarm", "where", "since", "what"):
+            table.add_column(col)
+        for a in snap.alarms:
+            table.add_row(a.name, a.source, time.strftime("%H:%M:%S", time.localtime(a.at)), a.message[:160])
+        out.append(table)
     if snap.host_problems:
         table = Table(
             title="workers refusing work (fix the host, then start the worker again)", show_edge=False

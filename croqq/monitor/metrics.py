@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator
+import dataclasses
 from dataclasses import dataclass
 from typing import get_args
 
@@ -32,6 +33,7 @@ from croqq.delivery.state import ShapeSummary
 from croqq.placement.registry import HEALTHY, OFFLINE, QUARANTINED, GpuEntry
 from croqq.store.schema import AttemptKind
 from croqq.work import progress, stats
+from croqq.work.alarms import Alarm
 
 log = logging.getLogger(__name__)
 GPU_STATES = (HEALTHY, QUARANTINED, OFFLINE)
@@ -74,6 +76,7 @@ class Reading:
     queue_lengths: dict[str, int]
     gpus: list[tuple[GpuEntry, dict[str, str], int, int]]  # entry, busy hash, depth, active shapes
     agents: dict[str, dict[str, str]]
+    alarms: list[Alarm] = dataclasses.field(default_factory=list)
 
 
 def read(client: redis.Redis) -> Reading:
@@ -86,7 +89,10 @@ def read(client: redis.Redis) -> Reading:
     pipe.hlen("unacked")  # kombu's hash of messages delivered to a consumer and not yet acknowledged
     pipe.smembers(keys.GPUS)
     pipe.smembers(keys.AGENTS)
-    (sec, usec), summary, counters, commits, repo_bytes, unacked, uuid_set, agent_set = pipe.execute()
+    pipe.hvals(keys.ALARMS)
+    (sec, usec), summary, counters, commits, repo_bytes, unacked, uuid_set, agent_set, alarm_set = (
+        pipe.execute()
+    )
     uuids, names = sorted(strs(uuid_set)), sorted(strs(agent_set))
     names_of_queues = [queues.CONTROL, queues.BUILD, queues.IDEATE, queues.STORE]
     names_of_queues += [queues.gpu_queue(u) for u in uuids]
@@ -118,6 +124,7 @@ def read(client: redis.Redis) -> Reading:
         queue_lengths=lengths,
         gpus=gpus,
         agents={name: next(replies) for name in names},
+        alarms=[Alarm.model_validate_json(v) for v in alarm_set],
     )
 
 
@@ -277,8 +284,18 @@ def agent_families(r: Reading) -> Iterator[Metric]:
     )
 
 
+def alarm_families(r: Reading) -> Iterator[Metric]:
+    """One series per raised alarm (croqq.work.alarms): 1 while it holds; gone once cleared."""
+    yield _gauge(
+        "croqq_alarm",
+        "1 for each alarm raised (a full disk, a corrupted results repo, ...): a human must look.",
+        ["name", "source"],
+        (([a.name, a.source], 1.0) for a in r.alarms),
+    )
+
+
 def families(r: Reading) -> Iterator[Metric]:
-    for part in (work_families, gpu_families, store_families, agent_families):
+    for part in (work_families, gpu_families, store_families, agent_families, alarm_families):
         yield from part(r)
 
 

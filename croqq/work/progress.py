@@ -15,8 +15,9 @@ import redis
 from croqq.delivery import clock, keys
 from croqq.delivery.state import ShapeSummary
 from croqq.placement import depth, registry
-from croqq.work import agents, hosts, stats
+from croqq.work import agents, alarms, hosts, stats
 from croqq.work.agents import AgentHealth, Budget
+from croqq.work.alarms import Alarm
 from croqq.work.hosts import HostProblem
 
 
@@ -51,6 +52,7 @@ class Snapshot:
     agents: list[AgentHealth] = field(default_factory=list)
     budget: Budget | None = None
     host_problems: list[HostProblem] = field(default_factory=list)
+    alarms: list[Alarm] = field(default_factory=list)
 
     @property
     def total(self) -> DtypeProgress:
@@ -117,6 +119,7 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
         agents=agents.health(client),
         budget=agents.budget(client),
         host_problems=hosts.all_problems(client),
+        alarms=alarms.active(client),
     )
 
 

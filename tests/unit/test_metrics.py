@@ -255,3 +255,33 @@ def test_exporter_refuses_a_network_address_without_a_login(
     done = croqq({"CROQQ_RUN_DIR": str(tmp_path)}, "exporter", "--address", "0.0.0.0")
     assert done.returncode == 2
     assert "CROQQ_EXPORTER_BASIC_AUTH" in error_line(done.stderr), done.stderr
+
+
+def test_an_alarm_is_one_series_per_worker_in_the_exporter_and_status_until_its_worker_clears_it(
+    redis_client: redis.Redis, serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    from croqq.cli.view import render
+    from croqq.work import alarms, hosts
+    from croqq.work.progress import snapshot
+
+    url = serve() + "/metrics"
+    assert not [k for k in scrape(url) if k[0] == "croqq_alarm"]
+    for worker in ("writer@node1", "build@node2"):
+        monkeypatch.setenv(hosts.ENV_WORKER, worker)
+        alarms.raise_alarm(redis_client, "disk_full", f"{worker}: no space left; free some")
+    alarms.raise_alarm(redis_client, "disk_full", "build@node2: still full")  # refreshed, not doubled
+    m = scrape(url)
+    for source in ("writer@node1", "build@node2"):  # value()'s own "name" argument hides the label
+        assert m[("croqq_alarm", (("name", "disk_full"), ("source", source)))] == 1
+    console = Console(width=200, record=True)
+    console.print(render(snapshot(redis_client, []), None))
+    shown = console.export_text()
+    assert "ALARMS" in shown and "still full" in shown and "writer@node1: no space left" in shown
+    assert alarms.clear_alarm(redis_client, "disk_full")  # this worker's (build@node2) only
+    assert not alarms.clear_alarm(redis_client, "disk_full")
+    assert [a.source for a in alarms.active(redis_client)] == ["writer@node1"]
+    assert [k for k in scrape(url) if k[0] == "croqq_alarm"] == [
+        ("croqq_alarm", (("name", "disk_full"), ("source", "writer@node1")))
+    ]
