@@ -40,7 +40,7 @@ croqq:submission:<id>          string  JSON list of the sids of one submit
 croqq:submissions              list    submission ids, newest last
 croqq:submitted:<id>           string  JSON SubmitMessage of a submission the writer has not recorded yet
 croqq:host_problems            hash    worker label -> JSON: why that worker's host refuses its work
-croqq:alarms                   hash    <name>@<worker label> -> JSON: what a human must see (croqq.work.alarms)
+croqq:alarms                   hash    <name>@<worker label> -> JSON: what a human must see (work.alarms)
 croqq:unrecorded               zset    submission ids not yet in the results repo, score = submit time
 croqq:simfault:<uuid>          hash    simulated GPU faults: kind -> JSON {"until": ts|null, "value": int}
 croqq:barrier:<name>           string  test barriers (a step blocks while the key exists)

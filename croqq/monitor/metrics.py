@@ -15,10 +15,10 @@ recent duty.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator
-import dataclasses
 from dataclasses import dataclass
 from typing import get_args
 
