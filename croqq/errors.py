@@ -53,6 +53,16 @@ class DeferredError(CroqqError):
         self.wait_s = wait_s
 
 
+class DiskFullError(DeferredError):
+    """A disk this host writes to is full (the results repo, a build folder): nothing half-written is
+    left, the step goes back to its queue after ``wait_s`` and retries, an alarm (``disk_full``) says
+    what to free, and the shape is never blamed. ``path``: the full folder."""
+
+    def __init__(self, message: str, path: str, wait_s: float = 5.0) -> None:
+        super().__init__(message, wait_s)
+        self.path = path
+
+
 class StaleStepError(CroqqError):
     """A step message or result belongs to an older epoch or an already finished step; drop it."""
 

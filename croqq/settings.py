@@ -59,7 +59,16 @@ class Settings(BaseSettings):
     )
     manifest: Path = Field(PROJECT_ROOT / "kernels" / "manifest.json")
     build_dir: Path = Field(
-        Path(""), description="Where the cuda backend compiles candidates (default <run dir>/build)."
+        Path(""), description="Where a build host compiles candidates (default <run dir>/build)."
+    )
+    disk_reserve_bytes: int = Field(
+        64 << 20,
+        ge=0,
+        description="The writer does not commit, and a build host does not compile, while less than this "
+        "is free on the results repo's or the build folder's disk (alarm disk_full); 0: no check.",
+    )
+    disk_retry_s: float = Field(
+        5.0, gt=0, description="A STORE or build held up by a full disk retries this often."
     )
     kernels_dir: Path = Field(
         PROJECT_ROOT, description="Root that the manifest's include_dirs are relative to."

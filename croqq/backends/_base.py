@@ -13,6 +13,7 @@ is a concrete helper here, so the simulated and the CUDA backend follow it ident
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from croqq import diskspace
 from croqq.delivery.artifacts import ArtifactRef, ArtifactStore
 from croqq.domain.decide import needs_confirmation
 from croqq.domain.knobs import Candidate
@@ -89,6 +91,26 @@ class Backend(ABC):
     def vendor_tflops(self, gpu: GpuContext, shape: Shape) -> float | None:
         """The vendor library's figure for this shape (cuBLAS), where the backend has one."""
         return None
+
+    # -- the build folder ---------------------------------------------------------------------------
+
+    @property
+    def build_dir(self) -> Path:
+        """Where this build host compiles (its own disk: a full one is the host's fault)."""
+        return self.settings.resolved_build_dir()
+
+    def build_disk(self) -> contextlib.AbstractContextManager[None]:
+        """Around a build's writes to the build folder: a full disk raises DiskFullError."""
+        return diskspace.guard(self.build_dir, "the build folder", self.settings.disk_retry_s)
+
+    def check_compiler_disk(self, candidate: Candidate, log_text: str) -> None:
+        """A compile that failed because the build folder's disk filled up is the host's fault, not the
+        candidate's: DiskFullError (unless the candidate's own text carries those words, so that a
+        candidate cannot pass off its failure as the disk's)."""
+        texts = (candidate.source, *candidate.headers.values())
+        if diskspace.says_full(log_text) and not any(diskspace.says_full(t) for t in texts):
+            line = next((ln for ln in log_text.splitlines() if diskspace.says_full(ln)), "")
+            raise diskspace.full_error(self.build_dir, "the build folder", self.settings.disk_retry_s, line)
 
     # -- artifacts ----------------------------------------------------------------------------------
 

@@ -172,10 +172,6 @@ class CudaBackend(Backend):
     name = "cuda"
     _last_binary: Path | None = None  # the shape's seed binary, for the cuBLAS reference run
 
-    @property
-    def build_dir(self) -> Path:
-        return self.settings.resolved_build_dir()
-
     # -- build ----------------------------------------------------------------------------------------
 
     def compile_command(self, candidate: Candidate, source: Path, binary: Path) -> list[str]:
@@ -200,21 +196,26 @@ class CudaBackend(Backend):
         binary = folder / "gemm"
         if binary.exists():
             return self.built(shape, candidate, binary.read_bytes(), "(cached)")
-        folder.mkdir(parents=True, exist_ok=True)
-        source = write_sources(folder, candidate)
+        with self.build_disk():
+            folder.mkdir(parents=True, exist_ok=True)
+            source = write_sources(folder, candidate)
         command = self.compile_command(candidate, source, folder / "gemm.tmp")
         if shutil.which(command[0]) is None:
             raise HostError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
-        run = run_process(command, self.settings.compile_timeout_s)
+        run = run_process(command, self.settings.compile_timeout_s, env={"TMPDIR": str(folder)})
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
-        (folder / "build.log").write_text(text)
+        if run.returncode:
+            self.check_compiler_disk(candidate, text)
+        with self.build_disk():
+            (folder / "build.log").write_text(text)
         if run.returncode is None:
             return BuildOutcome(
                 ok=False, reason=f"compile timed out after {self.settings.compile_timeout_s:.0f}s", log=text
             )
         if run.returncode != 0:
             return BuildOutcome(ok=False, reason=first_error(text), log=text)
-        os.replace(folder / "gemm.tmp", binary)
+        with self.build_disk():
+            os.replace(folder / "gemm.tmp", binary)
         return self.built(shape, candidate, binary.read_bytes(), text)
 
     def artifact_binary(self, artifact: str) -> str:

@@ -289,24 +289,35 @@ class SimBackend(Backend):
         return structural_effect(src.sha256(structure), compiled=real)
 
     def _compile(self, candidate: Candidate) -> tuple[str, str | None, str]:
-        """nvcc -c of the candidate and its headers in a temp folder: (command, first error or None, log)."""
+        """nvcc -c of the candidate and its headers in a temp folder of the build folder (the compiler's
+        own temporary files too): (command, first error or None, log)."""
         compiler = self.manifest.dsl(candidate.dsl).build.compiler
         if shutil.which(compiler) is None:
             raise HostError(f"{compiler} not found on this build host (CROQQ_SIM_COMPILE=nvcc needs it)")
         argv = [compiler, *candidate.flags, "-I.", "-c", "-o", "cand.o", "cand.cu"]
-        with tempfile.TemporaryDirectory(prefix="croqq-sim-nvcc-") as tmp:
+        with self.build_disk():
+            self.build_dir.mkdir(parents=True, exist_ok=True)
+            work = tempfile.TemporaryDirectory(prefix="croqq-sim-nvcc-", dir=self.build_dir)
+        with work as tmp:
             folder = Path(tmp).resolve()
-            for name, text in {"cand.cu": candidate.source, **candidate.headers}.items():
-                path = (folder / name).resolve()
-                if not path.is_relative_to(folder):
-                    raise InvalidRecordError(f"header name {name!r} leaves the build folder")
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
-            run = run_process(argv, self.settings.compile_timeout_s, cwd=folder)
+            with self.build_disk():
+                self._write_sources(folder, candidate)
+            run = run_process(argv, self.settings.compile_timeout_s, env={"TMPDIR": tmp}, cwd=folder)
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
+        if run.returncode:
+            self.check_compiler_disk(candidate, text)
         if run.returncode is None:
             return " ".join(argv), f"compile timed out after {self.settings.compile_timeout_s:.0f}s", text
         return " ".join(argv), first_error(text) if run.returncode else None, text
+
+    @staticmethod
+    def _write_sources(folder: Path, candidate: Candidate) -> None:
+        for name, text in {"cand.cu": candidate.source, **candidate.headers}.items():
+            path = (folder / name).resolve()
+            if not path.is_relative_to(folder):
+                raise InvalidRecordError(f"header name {name!r} leaves the build folder")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
 
     def _nvcc_command(self, shape: Shape, candidate: Candidate) -> str:
         spec = self.manifest.dsl(candidate.dsl)

@@ -179,19 +179,23 @@ class Runtime:
 
     @cached_property
     def writer(self) -> ResultsWriter:
+        from croqq import diskspace
         from croqq.store.gitrepo import GitRepo
         from croqq.store.writer import ResultsWriter
 
         s = self.settings
         holder = self._writer_lease_holder()  # this process holds the lease: a previous writer is gone
-        repo = GitRepo(
-            Path(s.results_repo),
-            s.results_branch,
-            s.sync_worktree,
-            fsync=s.git_fsync,
-            owner=holder if holder not in (None, UNKNOWN) else self.owner,
-            previous_gone=lambda previous: holder not in (previous, UNKNOWN),
-        )
+        with diskspace.guard(Path(s.results_repo), "the results repo", s.disk_retry_s):
+            repo = GitRepo(
+                Path(s.results_repo),
+                s.results_branch,
+                s.sync_worktree,
+                fsync=s.git_fsync,
+                owner=holder if holder not in (None, UNKNOWN) else self.owner,
+                previous_gone=lambda previous: holder not in (previous, UNKNOWN),
+                reserve_bytes=s.disk_reserve_bytes,
+                retry_s=s.disk_retry_s,
+            )
         if s.test_barriers:
             from croqq.work.barriers import wait_barrier
 

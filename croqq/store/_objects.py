@@ -111,7 +111,12 @@ def _write_pack(folder: Path, entries: _Entries, fsync: bool) -> Path:
     )
     stem = folder / f"pack-{checksum.hex()}"
     _publish(folder, stem.with_suffix(".pack"), body + checksum, fsync)
-    _publish(folder, stem.with_suffix(".idx"), index + hashlib.sha1(index).digest(), fsync)
+    try:
+        _publish(folder, stem.with_suffix(".idx"), index + hashlib.sha1(index).digest(), fsync)
+    except OSError:  # a pack without its index is garbage to git: leave none (a retry writes both)
+        with contextlib.suppress(OSError):
+            os.unlink(stem.with_suffix(".pack"))
+        raise
     if fsync:
         fsync_path(folder)  # the two new names
     return stem
@@ -119,11 +124,16 @@ def _write_pack(folder: Path, entries: _Entries, fsync: bool) -> Path:
 
 def _publish(folder: Path, final: Path, data: bytes, fsync: bool) -> None:
     tmp = folder / f"tmp_pack_croqq_{os.getpid()}_{threading.get_ident()}"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444), "wb") as fh:
-        fh.write(data)
-    if fsync:
-        fsync_path(tmp)  # before the rename: the final name never points at unwritten data
-    os.replace(tmp, final)
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444), "wb") as fh:
+            fh.write(data)
+        if fsync:
+            fsync_path(tmp)  # before the rename: the final name never points at unwritten data
+        os.replace(tmp, final)
+    except OSError:  # a full disk: no partial file is left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class PackSink:

@@ -12,11 +12,13 @@ The thread only runs ``git``; a commit never waits for it. At most one repack ru
 also across processes: an exclusive ``flock`` on ``<gitdir>/croqq-repack.lock`` is taken before git
 starts and passed to it, so a repack that outlives a killed writer still holds it (the kernel drops it
 when git exits). git's repack writes the new pack before it deletes the ones it replaces, so a kill at
-any moment leaves every object in some pack.
+any moment leaves every object in some pack. A repack that fails (a full disk) leaves its temporary
+files behind; they are deleted, so a failed repack takes no space.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -43,6 +45,7 @@ def repack(gitdir: Path, wait: bool = False) -> bool:
         except BlockingIOError:
             log.debug("%s: a repack is running already", gitdir)
             return False
+        before = set(_git_temp_files(gitdir))
         nice = ["nice", "-n", "10"] if shutil.which("nice") else []
         cmd = [*nice, "git", f"--git-dir={gitdir}", *COMMAND]
         try:
@@ -54,10 +57,20 @@ def repack(gitdir: Path, wait: bool = False) -> bool:
             return False
         if proc.returncode != 0:
             log.warning("%s: git repack failed: %s", gitdir, proc.stderr.strip() or proc.returncode)
+            for left in set(_git_temp_files(gitdir)) - before:
+                with contextlib.suppress(OSError):
+                    left.unlink()
             return False
         return True
     finally:
         os.close(fd)
+
+
+def _git_temp_files(gitdir: Path) -> list[Path]:
+    """git's own temporary files in the pack folder (the writer's are ``tmp_pack_croqq_*``)."""
+    folder = gitdir / "objects" / "pack"
+    found = [*folder.glob("tmp_*"), *folder.glob(".tmp-*")]
+    return [p for p in found if not p.name.startswith("tmp_pack_croqq_")]
 
 
 class Repacker:

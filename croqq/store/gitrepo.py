@@ -6,7 +6,9 @@ cost more than the commit; the ``git`` executable serves porcelain that libgit2 
 A commit writes only the changed blobs and the trees on their paths, as one small pack
 (``croqq.store._objects``), fsynced, then moves the branch compare-and-swap (a foreign move raises
 :class:`RetryableError`) and fsyncs the ref, so it returns only once it survives a power loss; a kill
-before the move leaves an unreferenced pack and the branch untouched. Lock files a killed predecessor
+before the move leaves an unreferenced pack and the branch untouched. A full disk (below
+``reserve_bytes`` free before a commit, or ENOSPC during one) raises :class:`~croqq.errors.DiskFullError`
+with nothing half-written: no partial file, the branch where it was. Lock files a killed predecessor
 provably left are removed at start-up (``croqq.store._locks``). Reads come from the branch tip, with the
 tip's folders and recent blobs mirrored in memory. The working tree and index (``sync_worktree``) follow
 the branch in batches, every ``index_flush_s`` and at close, because libgit2 rewrites the whole index on
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import pygit2
 
+from croqq import diskspace
 from croqq.errors import ConfigError, InvalidRecordError, RetryableError
 from croqq.store._fsync import fsync_path
 from croqq.store._locks import LockJournal
@@ -126,13 +129,20 @@ class GitRepo:
         owner: str | None = None,
         previous_gone: Callable[[str], bool] | None = None,
         repack_every: int = REPACK_EVERY,
+        reserve_bytes: int = 0,
+        retry_s: float = 5.0,
     ) -> None:
         """``fsync``: make each commit durable before it returns (see the module docstring).
         ``repack_every``: commits between background repacks (0: only at close).
         ``owner``: the writer's lease owner token, given only by a lease holder; it records the locks
         this object takes and deletes the one a killed previous writer left when ``previous_gone(its
-        owner)`` says that writer's lease is no longer held (``croqq.store._locks``)."""
+        owner)`` says that writer's lease is no longer held (``croqq.store._locks``).
+        ``reserve_bytes``: no commit starts with less free on the repo's disk (DiskFullError instead,
+        which says to retry in ``retry_s``). Opening on a full disk raises what the write raised
+        (:func:`croqq.diskspace.guard` turns it into DiskFullError)."""
         self.path = Path(path)
+        self.reserve_bytes = reserve_bytes
+        self.retry_s = retry_s
         self.branch = branch
         self.refname = f"refs/heads/{branch}"
         self.index_flush_s = index_flush_s
@@ -172,6 +182,10 @@ class GitRepo:
         return cls(path, branch, sync_worktree=False, create=False)
 
     # -- opening ------------------------------------------------------------------------------------
+
+    def _disk(self) -> contextlib.AbstractContextManager[None]:
+        """Around writes to the repo: a full disk raises DiskFullError."""
+        return diskspace.guard(self.path, "the results repo", self.retry_s)
 
     def _open(self, create: bool) -> pygit2.Repository:
         _libgit2_fsync(self.fsync)
@@ -331,6 +345,7 @@ class GitRepo:
         ref is locked; nothing is lost then but unreachable objects.
         """
         root = _nest(changes)
+        diskspace.require(self.path, self.reserve_bytes, "the results repo", self.retry_s)
         base = self._tip
         current = self._ref_target()
         if current != base:
@@ -346,10 +361,11 @@ class GitRepo:
             return str(base)
         text = message if message.endswith("\n") else message + "\n"
         oid = sink.add(b"commit", _commit_body(tree, base, text))
-        sink.flush()  # durable on return (fsync)
-        if self.before_ref_move is not None:
-            self.before_ref_move()  # a test hook: chaos tests kill the writer here
-        self._move_ref(oid, base, text.split("\n", 1)[0])
+        with self._disk():
+            sink.flush()  # durable on return (fsync)
+            if self.before_ref_move is not None:
+                self.before_ref_move()  # a test hook: chaos tests kill the writer here
+            self._move_ref(oid, base, text.split("\n", 1)[0])
         folders = {p for p, d in changes.items() if d is None and (self._trees.lookup(p) or (0,))[0] == TREE}
         self._tip = oid
         self._trees.merge(staged, tree)
@@ -395,6 +411,8 @@ class GitRepo:
                     self._reopen()
                     continue
                 self._refresh()
+                if diskspace.is_full(exc):
+                    raise  # DiskFullError (commit's guard): the branch did not move
                 raise RetryableError(f"{self.path}: could not move {self.refname} from {old}: {exc}") from exc
             except RetryableError:
                 self._refresh()
@@ -445,8 +463,13 @@ class GitRepo:
             os.makedirs(folder, exist_ok=True)
             self._made.add(folder)
         tmp = os.path.join(folder, f".{name}{TMP_SUFFIX}")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+        except OSError:  # a full disk: no partial file is left behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         try:
             os.replace(tmp, full)
         except IsADirectoryError:

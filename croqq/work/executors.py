@@ -11,6 +11,7 @@ import random
 import time
 from collections.abc import Callable
 
+from croqq import diskspace
 from croqq.backends.toolchain import candidate_of, knob_candidate
 from croqq.delivery import keys
 from croqq.delivery.messages import StepMessage
@@ -160,6 +161,8 @@ def think_s(settings: Settings, step_id: str) -> float:
 
 
 def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built | BestBuilt:
+    s = rt.settings  # a build folder's full disk is this host's problem: the step waits (DiskFullError)
+    diskspace.require(s.resolved_build_dir(), s.disk_reserve_bytes, "the build folder", s.disk_retry_s)
     pending = state.loop.pending
     if state.loop.phase == Phase.BASELINE:
         return Built(build=rt.backend.build(state.shape, _seed(rt, state)))

@@ -6,6 +6,10 @@ its lease, and the lease's expiry re-dispatches it (the result is then measured 
 A GPU step whose artifact is missing from the artifact store (or corrupt) is done: its result is
 ``ArtifactLost``, and the shape goes to a build worker to rebuild it (a GPU host never compiles).
 
+A full disk (:class:`~croqq.errors.DiskFullError`, from the writer or a build) raises the ``disk_full``
+alarm for this worker and defers the step (it waits, then goes back to its queue; never counted against
+the shape); the worker's next STORE or build that succeeds clears the alarm.
+
 With group commit (``store_group`` above 1) a STORE takes the oldest queued STOREs with it into one commit
 and one completing transaction (:func:`_run_stores`); their own messages are then dropped as duplicates.
 """
@@ -27,6 +31,7 @@ from croqq.domain.fsm import ArtifactLost
 from croqq.errors import (
     ArtifactMissingError,
     DeferredError,
+    DiskFullError,
     GpuLeaseLostError,
     GpuUnavailableError,
     HostError,
@@ -36,11 +41,15 @@ from croqq.errors import (
     TerminalError,
 )
 from croqq.store.schema import StoreReceipt, StoreRequest
-from croqq.work import barriers, hosts
+from croqq.work import alarms, barriers, hosts
 from croqq.work.context import Runtime
 from croqq.work.executors import EXECUTORS, store, store_request_for, stored
 
 log = logging.getLogger(__name__)
+
+DISK_FULL = "disk_full"
+DISK_KINDS = frozenset({"store", "implement"})  # the steps that write to this host's disk
+_disk_alarm: set[str] = set()  # this process raised disk_full (and has not cleared it)
 
 
 class StepOutcome(StrEnum):
@@ -82,6 +91,8 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> StepOutcome:
     leases = rt.step_leases
     leases.add(msg.step_id)
     outcome, event = _guarded(rt, msg, lambda: _execute(rt, msg, state))
+    if event is not None and msg.kind in DISK_KINDS:
+        _disk_ok(rt)
     if event is None:
         leases.remove(msg.step_id)
         return outcome
@@ -126,6 +137,8 @@ def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Step
         leases.add(member.step_id)
     try:
         settled = _store_group(rt, group)
+        if any(event is not None for _, _, event in settled):
+            _disk_ok(rt)
         completed = _complete_group(
             rt, [(member, event) for member, _, event in settled if event is not None]
         )
@@ -158,6 +171,10 @@ def _store_group(
     if len(prepared) > 1:
         try:
             receipts = rt.writer.apply_group([req for _, req in prepared.values()])
+        except DiskFullError as exc:  # nothing was written: the whole group waits once, then goes back
+            for i, (member, _) in enumerate(m for m in group if m[0].step_id in prepared):
+                refused[member.step_id] = _defer(rt, member, exc, wait=i == 0)
+            prepared.clear()
         except Exception as exc:  # each STORE goes alone, with its own fate (a committed one is a repeat)
             log.warning("group commit of %d STOREs refused (%s); storing them one by one", len(prepared), exc)
     by_step = dict(zip(prepared, receipts, strict=True)) if receipts is not None else {}
@@ -214,6 +231,29 @@ def _complete(rt: Runtime, msg: StepMessage, event: Any) -> StepOutcome:
     return StepOutcome.DONE
 
 
+def _defer(rt: Runtime, msg: StepMessage, exc: DeferredError, wait: bool = True) -> StepOutcome:
+    """Not a failure: pause (the lease is kept alive), then back to the queue."""
+    if isinstance(exc, DiskFullError):
+        _disk_full(rt, exc)
+    log.info("%s %s deferred: %s", msg.kind, msg.step_id, exc)
+    if wait:
+        time.sleep(exc.wait_s)
+    rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
+    return StepOutcome.DEFERRED
+
+
+def _disk_full(rt: Runtime, exc: DiskFullError) -> None:
+    alarms.raise_alarm(rt.client, DISK_FULL, str(exc))
+    _disk_alarm.add(DISK_FULL)
+
+
+def _disk_ok(rt: Runtime) -> None:
+    """A STORE or build of this process wrote its files: the disk_full alarm it raised is over."""
+    if _disk_alarm:
+        alarms.clear_alarm(rt.client, DISK_FULL)
+        _disk_alarm.clear()
+
+
 def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[StepOutcome, Any]:
     """Run ``fn``; map croqq's exceptions to the step's fate: (outcome, fn's value or None)."""
     try:
@@ -227,11 +267,8 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[Step
     except GpuLeaseLostError as exc:
         rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
         return StepOutcome.REQUEUED, None
-    except DeferredError as exc:  # not a failure: pause (the lease is kept alive), then back to the queue
-        log.info("%s %s deferred: %s", msg.kind, msg.step_id, exc)
-        time.sleep(exc.wait_s)
-        rt.ledger.requeue(msg.step_id, str(exc), expect_owner=rt.owner, expect_epoch=msg.epoch)
-        return StepOutcome.DEFERRED, None
+    except DeferredError as exc:
+        return _defer(rt, msg, exc), None
     except HostError as exc:  # this host's fault, not the shape's: another host takes the step
         log.error("%s %s: this host cannot run it, so it stops taking work: %s", msg.kind, msg.step_id, exc)
         hosts.record(rt.client, str(exc))
