@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from croqq.errors import DiskFullError
+
+log = logging.getLogger(__name__)
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # what libgit2, git and compilers print when a write runs out of space (libgit2 raises without an errno)
@@ -36,12 +39,14 @@ def _size(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
-def full_error(path: Path, what: str, retry_s: float, detail: str = "") -> DiskFullError:
-    """The one-line error (and alarm text) for a full disk under ``path``."""
-    free = free_bytes(path)
-    why = f" ({detail})" if detail else ""
+def full_error(path: Path, what: str, retry_s: float, reserve: int = 0, detail: str = "") -> DiskFullError:
+    """The one-line error (and alarm text) for a full disk under ``path``; ``detail`` (what failed) is
+    logged, the line stays short enough for ``croqq status``."""
+    free = f"{_size(free_bytes(path))} free" + (f", under the {_size(reserve)} reserve" if reserve else "")
+    if detail:
+        log.info("%s: %s", path, detail)
     return DiskFullError(
-        f"no space left on device writing {what} {path}{why}, {_size(free)} free: free space there; "
+        f"no space left on device writing {what} {path} ({free}): free space there; "
         f"croqq retries every {retry_s:g}s",
         path=str(path),
         wait_s=retry_s,
@@ -51,7 +56,7 @@ def full_error(path: Path, what: str, retry_s: float, detail: str = "") -> DiskF
 def require(path: Path, reserve: int, what: str, retry_s: float) -> None:
     """Raise DiskFullError unless at least ``reserve`` bytes are free where ``path`` lives."""
     if reserve > 0 and free_bytes(path) < reserve:
-        raise full_error(path, what, retry_s, f"under the {_size(reserve)} reserve")
+        raise full_error(path, what, retry_s, reserve=reserve)
 
 
 def is_full(exc: BaseException) -> bool:
@@ -74,5 +79,5 @@ def guard(path: Path, what: str, retry_s: float) -> Iterator[None]:
         raise
     except Exception as exc:
         if is_full(exc):
-            raise full_error(path, what, retry_s, str(exc)[:120]) from exc
+            raise full_error(path, what, retry_s, detail=str(exc)) from exc
         raise

@@ -110,7 +110,8 @@ class Backend(ABC):
         texts = (candidate.source, *candidate.headers.values())
         if diskspace.says_full(log_text) and not any(diskspace.says_full(t) for t in texts):
             line = next((ln for ln in log_text.splitlines() if diskspace.says_full(ln)), "")
-            raise diskspace.full_error(self.build_dir, "the build folder", self.settings.disk_retry_s, line)
+            retry_s = self.settings.disk_retry_s
+            raise diskspace.full_error(self.build_dir, "the build folder", retry_s, detail=line)
 
     # -- artifacts ----------------------------------------------------------------------------------
 

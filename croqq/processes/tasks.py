@@ -9,7 +9,7 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 
 from croqq.delivery import queues
 from croqq.delivery.messages import FillMessage, SubmitMessage, parse
-from croqq.errors import InvalidRecordError
+from croqq.errors import DiskFullError, InvalidRecordError
 from croqq.processes.app import app, too_old
 from croqq.processes.runtime import drain_completer, get_runtime
 from croqq.settings import get_settings
@@ -108,9 +108,13 @@ def summary(self: Any) -> int:
 
     if _skip_old(self):
         return 0
-    writer = get_runtime().writer
-    runs = list_runs(writer.repo)
-    return sum(1 for gpu, dsl in runs if writer.refresh_summary(gpu, dsl))
+    try:
+        writer = get_runtime().writer
+        runs = list_runs(writer.repo)
+        return sum(1 for gpu, dsl in runs if writer.refresh_summary(gpu, dsl))
+    except DiskFullError as exc:  # the STOREs raise the alarm; the next refresh catches up
+        log.warning("summary not refreshed: %s", exc)
+        return 0
 
 
 @app.task(name=queues.TASK_FLUSH, bind=True)
@@ -138,7 +142,11 @@ def record_submissions(self: Any) -> int:
     if _skip_old(self):
         return 0
     rt = get_runtime()
-    return record(rt.client, rt.writer)
+    try:
+        return record(rt.client, rt.writer)
+    except DiskFullError as exc:  # recorded by the next call (submissions stay in Redis meanwhile)
+        log.warning("submissions not recorded yet: %s", exc)
+        return 0
 
 
 @app.task(name=queues.TASK_GPU_RECHECK, bind=True)

@@ -8,7 +8,8 @@ A GPU step whose artifact is missing from the artifact store (or corrupt) is don
 
 A full disk (:class:`~croqq.errors.DiskFullError`, from the writer or a build) raises the ``disk_full``
 alarm for this worker and defers the step (it waits, then goes back to its queue; never counted against
-the shape); the worker's next STORE or build that succeeds clears the alarm.
+the shape); the next STORE or build that succeeds in that process (or, after a restart, in the process that
+replaced it) clears the alarm.
 
 With group commit (``store_group`` above 1) a STORE takes the oldest queued STOREs with it into one commit
 and one completing transaction (:func:`_run_stores`); their own messages are then dropped as duplicates.
@@ -49,7 +50,9 @@ log = logging.getLogger(__name__)
 
 DISK_FULL = "disk_full"
 DISK_KINDS = frozenset({"store", "implement"})  # the steps that write to this host's disk
-_disk_alarm: set[str] = set()  # this process raised disk_full (and has not cleared it)
+# disk_full may be raised for this worker: by this process, or by its predecessor under the same name (so a
+# restarted worker clears it at its first success)
+_disk_alarm: set[str] = {DISK_FULL}
 
 
 class StepOutcome(StrEnum):

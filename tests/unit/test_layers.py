@@ -21,6 +21,7 @@ RANK = {
     "settings": BASE,
     "logs": BASE,
     "patience": BASE,
+    "diskspace": BASE,
     "domain": 0,
     "store": 1,
     "delivery": 1,
