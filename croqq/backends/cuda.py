@@ -204,7 +204,8 @@ class CudaBackend(Backend):
             raise HostError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
         run = run_process(command, self.settings.compile_timeout_s, env={"TMPDIR": str(folder)})
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
-        if run.returncode:
+        if run.returncode != 0:  # a failed compile's partial output only takes space
+            (folder / "gemm.tmp").unlink(missing_ok=True)
             self.check_compiler_disk(candidate, text)
         with self.build_disk():
             (folder / "build.log").write_text(text)

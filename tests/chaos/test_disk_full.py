@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from croqq.backends.cuda import CudaBackend
 from croqq.backends.sim import SimBackend
 from croqq.backends.toolchain import knob_candidate
 from croqq.chaos.invariants import fsck_problems, repo_problems
@@ -159,6 +160,28 @@ def test_a_compile_that_fills_the_build_disk_is_the_hosts_fault_not_the_candidat
     assert not sneaky.ok and "No space left on device" in sneaky.reason
     filler.unlink()
     assert sim_build(build_dir, tmp_path, monkeypatch).ok
+
+
+def test_a_cuda_build_that_fills_the_build_disk_is_the_hosts_fault(tmp_path: Path, small_disk: Disk) -> None:
+    build_dir = small_disk(tmp_path / "build", 1024)
+    nvcc = tmp_path / "nvcc"  # writes a 256 KiB binary to its -o argument, as nvcc would
+    find_out = 'while [ $# -gt 0 ]; do [ "$1" = -o ] && out="$2"; shift; done'
+    nvcc.write_text(f'#!/bin/sh\n{find_out}\nhead -c 262144 /dev/zero > "$out"\n')
+    nvcc.chmod(0o755)
+    manifest = load_manifest(PROJECT_ROOT / "kernels" / "manifest.json")
+    spec = manifest.dsls["cuda"].build.model_copy(update={"compiler": str(nvcc)})
+    manifest = manifest.model_copy(
+        update={"dsls": {"cuda": manifest.dsls["cuda"].model_copy(update={"build": spec})}}
+    )
+    settings = Settings(build_dir=build_dir, run_dir=tmp_path / "run")
+    shape = parse_key("f16_4096x8192x8192")
+    cand = knob_candidate(manifest, settings, "cuda", shape, seed_knobs(manifest, "cuda", "f16", "reference"))
+    filler = fill(build_dir, leave=128 << 10)
+    with pytest.raises(DiskFullError, match="no space left on device writing the build folder"):
+        CudaBackend(manifest, settings).build(shape, cand)
+    assert [p for p in build_dir.rglob("gemm*") if p.suffix != ".cuh"] == []  # no partial binary left
+    filler.unlink()
+    assert CudaBackend(manifest, settings).build(shape, cand).ok
 
 
 # -- whole clusters ----------------------------------------------------------------------------------------
