@@ -124,6 +124,7 @@ def test_no_commit_starts_below_the_reserve(tmp_path: Path, small_disk: Disk) ->
 
 
 FAKE_NVCC = """#!/bin/sh
+[ "$1" = --version ] && { echo "fake nvcc, release 0.1"; exit 0; }
 # writes an object file the size of a small real one, as nvcc -c would
 head -c 262144 /dev/zero > cand.o
 """
@@ -166,7 +167,7 @@ def test_a_cuda_build_that_fills_the_build_disk_is_the_hosts_fault(tmp_path: Pat
     build_dir = small_disk(tmp_path / "build", 1024)
     nvcc = tmp_path / "nvcc"  # writes a 256 KiB binary to its -o argument, as nvcc would
     find_out = 'while [ $# -gt 0 ]; do [ "$1" = -o ] && out="$2"; shift; done'
-    nvcc.write_text(f'#!/bin/sh\n{find_out}\nhead -c 262144 /dev/zero > "$out"\n')
+    nvcc.write_text(f'#!/bin/sh\n{find_out}\n[ -n "$out" ] && head -c 262144 /dev/zero > "$out"\n')
     nvcc.chmod(0o755)
     manifest = load_manifest(PROJECT_ROOT / "kernels" / "manifest.json")
     spec = manifest.dsls["cuda"].build.model_copy(update={"compiler": str(nvcc)})
@@ -241,8 +242,9 @@ def full_disk_sweep(
 
 
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("group", [1, 4], ids=["one-commit-per-store", "group-commit"])
 def test_a_full_disk_on_the_writers_host_holds_stores_until_space_returns(
-    cluster_env: dict[str, str], small_disk: Disk, short_tmp: Path
+    cluster_env: dict[str, str], small_disk: Disk, short_tmp: Path, group: int
 ) -> None:
     disk = small_disk(short_tmp / "disk", 32 << 10)
     env = cluster_env | {
@@ -251,13 +253,15 @@ def test_a_full_disk_on_the_writers_host_holds_stores_until_space_returns(
         "CROQQ_TIME_SCALE": "0.002",
         "CROQQ_DISK_RESERVE_BYTES": str(1 << 20),
         "CROQQ_DISK_RETRY_S": "1",
+        "CROQQ_STORE_GROUP": str(group),
+        "CROQQ_SIM_GPUS": "3",
     }
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
-        sub = cluster.submit("f16", max_iter=10, limit=4)
+        sub = cluster.submit("f16", max_iter=10, limit=6)
         alarm, status, exported, detect_s, parked, during = full_disk_sweep(cluster, disk, "writer", 6)
         snap = cluster.wait_done(sub, timeout_s=600)
-    print(f"\nwriter disk full: alarm after {detect_s:.1f}s; croqq status shows:")
+    print(f"\nwriter disk full (store_group {group}): alarm after {detect_s:.1f}s; croqq status shows:")
     print("\n".join(line for line in status.splitlines() if "disk_full" in line or "ALARMS" in line))
     assert alarm.message.startswith(f"no space left on device writing the results repo {disk / 'results'}")
     assert "free space there; croqq retries every 1s" in alarm.message
@@ -266,13 +270,14 @@ def test_a_full_disk_on_the_writers_host_holds_stores_until_space_returns(
     assert during == 0 and parked == 0  # STOREs stopped; no shape was blamed for the disk
     log = (Path(env["CROQQ_RUN_DIR"]) / "logs" / "writer.log").read_text()
     assert "ALARM disk_full" in log and "alarm disk_full" in log and "cleared" in log
-    assert snap.total.done == 4 and snap.total.error == 0
+    assert snap.total.done == 6 and snap.total.error == 0
     repo = disk / "results"
     assert repo_problems(repo) == [] and leftovers(repo) == []
     assert [f for f in repo.rglob("attempts.jsonl") if "space" in f.read_text()] == []
 
 
 FAKE_NVCC_CLUSTER = """#!/bin/sh
+[ "$1" = --version ] && { echo "fake nvcc, release 0.1"; exit 0; }
 # a compiler that writes a 64 KiB object file next to its source, as nvcc -c does
 head -c 65536 /dev/zero > cand.o
 """
