@@ -202,7 +202,7 @@ class CudaBackend(Backend):
         command = self.compile_command(candidate, source, folder / "gemm.tmp")
         if shutil.which(command[0]) is None:
             raise HostError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
-        run = run_process(command, self.settings.compile_timeout_s, env={"TMPDIR": str(folder)})
+        run = run_process(command, self.settings.compile_timeout_s, env={"TMPDIR": str(folder.resolve())})
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
         if run.returncode != 0:  # a failed compile's partial output only takes space
             (folder / "gemm.tmp").unlink(missing_ok=True)

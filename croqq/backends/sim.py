@@ -302,7 +302,7 @@ class SimBackend(Backend):
             folder = Path(tmp).resolve()
             with self.build_disk():
                 self._write_sources(folder, candidate)
-            run = run_process(argv, self.settings.compile_timeout_s, env={"TMPDIR": tmp}, cwd=folder)
+            run = run_process(argv, self.settings.compile_timeout_s, env={"TMPDIR": str(folder)}, cwd=folder)
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
         if run.returncode:
             self.check_compiler_disk(candidate, text)

@@ -8,6 +8,7 @@ fills it with a filler file, as a runaway log would.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -161,6 +162,26 @@ def test_a_compile_that_fills_the_build_disk_is_the_hosts_fault_not_the_candidat
     assert not sneaky.ok and "No space left on device" in sneaky.reason
     filler.unlink()
     assert sim_build(build_dir, tmp_path, monkeypatch).ok
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_real_nvcc_running_out_of_space_for_its_temporaries_is_the_hosts_fault(
+    tmp_path: Path, small_disk: Disk
+) -> None:
+    """nvcc writes its intermediate files (several MiB) to TMPDIR, which croqq points at the build folder."""
+    build_dir = small_disk(tmp_path / "build", 64 << 10)
+    settings = Settings(time_scale=0.0, sim_compile="nvcc", build_dir=build_dir, compile_timeout_s=3600.0)
+    manifest = load_manifest(PROJECT_ROOT / "kernels" / "manifest.json")
+    shape = parse_key("f16_4096x8192x8192")
+    cand = knob_candidate(manifest, settings, "cuda", shape, seed_knobs(manifest, "cuda", "f16", "reference"))
+    filler = fill(build_dir, leave=1 << 20)
+    with pytest.raises(DiskFullError, match="no space left on device writing the build folder"):
+        SimBackend(manifest, settings).build(shape, cand)
+    assert sorted(p.name for p in build_dir.iterdir()) == ["filler"]
+    filler.unlink()
+    outcome = SimBackend(manifest, settings).build(shape, cand)
+    assert outcome.ok, outcome.log
 
 
 def test_a_cuda_build_that_fills_the_build_disk_is_the_hosts_fault(tmp_path: Path, small_disk: Disk) -> None:
