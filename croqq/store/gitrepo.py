@@ -34,7 +34,7 @@ from croqq import diskspace
 from croqq.errors import ConfigError, InvalidRecordError, RetryableError
 from croqq.store._fsync import fsync_path
 from croqq.store._locks import LockJournal
-from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, Sink, Trees
+from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, Sink, Staged, Trees
 from croqq.store._repack import REPACK_EVERY, Repacker
 
 log = logging.getLogger(__name__)
@@ -342,7 +342,8 @@ class GitRepo:
 
         Returns the new commit id (the unchanged tip when the changes change nothing). Raises
         RetryableError when the branch moved since this object last read it (a foreign writer) or the
-        ref is locked; nothing is lost then but unreachable objects.
+        ref is locked; nothing is lost then but unreachable objects. Raises DiskFullError below the
+        reserve (nothing written) or when a write runs out of space (no partial file, branch unmoved).
         """
         root = _nest(changes)
         diskspace.require(self.path, self.reserve_bytes, "the results repo", self.retry_s)
@@ -354,18 +355,11 @@ class GitRepo:
                 f"{self.path}: branch {self.branch} moved from {base} to {current} under this writer "
                 "(another writer?); re-read and retry"
             )
-        sink = self._sink()
-        staged = self._trees.stage(root, sink)
-        tree = staged.root or sink.add(b"tree", b"")
-        if tree == self._trees.root:
+        with self._disk():  # a full disk: DiskFullError, with the branch where it was
+            written = self._write(root, base, message)
+        if written is None:
             return str(base)
-        text = message if message.endswith("\n") else message + "\n"
-        oid = sink.add(b"commit", _commit_body(tree, base, text))
-        with self._disk():
-            sink.flush()  # durable on return (fsync)
-            if self.before_ref_move is not None:
-                self.before_ref_move()  # a test hook: chaos tests kill the writer here
-            self._move_ref(oid, base, text.split("\n", 1)[0])
+        oid, staged, tree = written
         folders = {p for p, d in changes.items() if d is None and (self._trees.lookup(p) or (0,))[0] == TREE}
         self._tip = oid
         self._trees.merge(staged, tree)
@@ -377,6 +371,24 @@ class GitRepo:
         if self.after_commit is not None:
             self.after_commit()
         return str(oid)
+
+    def _write(
+        self, root: Node, base: pygit2.Oid | None, message: str
+    ) -> tuple[pygit2.Oid, Staged, pygit2.Oid] | None:
+        """Write the commit's objects and move the branch onto it: (commit, staged trees, root tree), or
+        None when the changes change nothing."""
+        sink = self._sink()
+        staged = self._trees.stage(root, sink)
+        tree = staged.root or sink.add(b"tree", b"")
+        if tree == self._trees.root:
+            return None
+        text = message if message.endswith("\n") else message + "\n"
+        oid = sink.add(b"commit", _commit_body(tree, base, text))
+        sink.flush()  # durable on return (fsync)
+        if self.before_ref_move is not None:
+            self.before_ref_move()  # a test hook: chaos tests kill the writer here
+        self._move_ref(oid, base, text.split("\n", 1)[0])
+        return oid, staged, tree
 
     def _after_repack(self) -> None:
         """Count the commit towards the next repack; reopen the handle when one finished since the last
