@@ -23,6 +23,8 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+import redis
+
 from croqq.delivery import keys
 from croqq.delivery.ledger import ClaimOutcome
 from croqq.delivery.messages import StepMessage, parse
@@ -253,7 +255,11 @@ def _disk_full(rt: Runtime, exc: DiskFullError) -> None:
 def _disk_ok(rt: Runtime) -> None:
     """A STORE or build of this process wrote its files: the disk_full alarm it raised is over."""
     if _disk_alarm:
-        alarms.clear_alarm(rt.client, DISK_FULL)
+        try:
+            alarms.clear_alarm(rt.client, DISK_FULL)
+        except redis.RedisError as exc:  # the step's own completion goes on; the next success clears it
+            log.warning("could not clear the disk_full alarm: %s", exc)
+            return
         _disk_alarm.clear()
 
 
