@@ -217,6 +217,8 @@ class RepoCheck:
         self._verified: OrderedDict[Path, int] = OrderedDict()  # file -> size, oldest check first
 
     def run(self) -> list[Damage]:
+        if not (self.path / ".git").exists() and not (self.path / "HEAD").exists():
+            return []  # no repo yet: the writer creates it
         try:
             repo = pygit2.Repository(str(self.path), flags=pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
         except pygit2.GitError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,24 @@ def test_repair_without_a_remote_and_an_unreadable_history_says_what_to_pass(
     (repo / ".git/refs/heads/main").write_text("")
     with pytest.raises(Exception, match="--from REMOTE"):
         repair(repo, "main", "")
+
+
+def test_a_repo_not_created_yet_is_not_damage(tmp_path: Path) -> None:
+    assert RepoCheck(tmp_path / "results").run() == []
+    (tmp_path / "empty").mkdir()
+    assert RepoCheck(tmp_path / "empty").run() == []
+
+
+def test_repo_check_names_the_damage_in_one_line_and_exits_1(
+    pushed: tuple[Path, Path], croqq: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    repo, remote = pushed
+    pack = biggest_pack(repo)
+    flip(pack, pack.stat().st_size // 2)
+    done = croqq({}, "repo", "check", "--repo", str(repo))
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[0].startswith("results repo corrupt: object ")
+    assert "croqq repo repair" in done.stderr
+    fixed = croqq({}, "repo", "repair", "--repo", str(repo), "--from", str(remote))
+    assert fixed.returncode == 0 and "results repo repaired: main at" in fixed.stdout, fixed.stderr
+    assert croqq({}, "repo", "check", "--repo", str(repo)).stdout.strip() == "results repo is intact"
