@@ -68,11 +68,11 @@ def _connected(path: Path, tip: str) -> bool:
     return done.returncode == 0
 
 
-def _quarantine(path: Path, gitdir: Path, report: RepairReport) -> list[Path]:
+def _quarantine(path: Path, gitdir: Path, branch: str, report: RepairReport) -> list[Path]:
     """Move every damaged file aside; returns the packs moved."""
     folder = gitdir / QUARANTINE / time.strftime("%Y%m%dT%H%M%S")
     packs = []
-    for damage in RepoCheck(path, recheck_bytes=0).run():
+    for damage in RepoCheck(path, branch, recheck_bytes=0).run():
         log.warning("%s", damage.line)
         report.lines.append(damage.line)
         if damage.path is None or not damage.path.exists():
@@ -136,7 +136,7 @@ def repair(path: Path, branch: str, remote: str) -> RepairReport:
     lock. Raises RepairError when the repo cannot be brought back."""
     gitdir = Path(_git(path, "rev-parse", "--absolute-git-dir"))
     report = RepairReport(before=_branch_value(gitdir, branch))
-    packs = _quarantine(path, gitdir, report)
+    packs = _quarantine(path, gitdir, branch, report)
     _salvage(path, packs, report)
     if remote:
         try:
