@@ -11,8 +11,9 @@ What it reads, all from disk through a fresh libgit2 handle (never the writer's 
 - every loose object: inflated and hashed against its file name.
 
 Packs and loose objects are immutable files named by content, so :class:`RepoCheck` verifies each once
-and then only what is new (git's repacks and the writer's commits add packs); up to ``recheck_bytes`` of
-the files verified earlier are verified again per run, in turn, so bit rot in an old pack is found too.
+and then only what is new (git's repacks and the writer's commits add packs). Each run also earns
+``recheck_bytes`` of credit to verify the files checked longest ago again, a whole file at a time once the
+credit covers it, so bit rot in an old pack is found too, at a bounded average cost per run.
 :class:`RepoGuard` holds the writer's verdict: the writer commits nothing while damage stands.
 
 Reachability of the whole history (``git fsck``) is not part of it: that costs a walk of every commit
@@ -40,7 +41,7 @@ from croqq.errors import RepoCorruptError
 log = logging.getLogger(__name__)
 
 HINT = "see `croqq repo repair`"
-RECHECK_BYTES = 64 << 20  # files verified earlier, verified again per run
+RECHECK_BYTES = 16 << 20  # bytes of older files verified again per run, on average
 _HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 _CHUNK = 1 << 20
 
@@ -215,6 +216,7 @@ class RepoCheck:
         self.branch = branch
         self.recheck_bytes = recheck_bytes
         self._verified: OrderedDict[Path, int] = OrderedDict()  # file -> size, oldest check first
+        self._credit = 0  # bytes of re-verification earned (recheck_bytes per run), spent a file at a time
 
     def run(self) -> list[Damage]:
         if not (self.path / ".git").exists() and not (self.path / "HEAD").exists():
@@ -235,12 +237,12 @@ class RepoCheck:
         for gone in [p for p in self._verified if p not in files]:
             del self._verified[gone]
         todo = [p for p in files if p not in self._verified]
-        budget = self.recheck_bytes
-        for old in list(self._verified):
-            if budget <= 0:
+        self._credit = min(self._credit + self.recheck_bytes, sum(self._verified.values()))
+        for old, size in list(self._verified.items()):  # oldest first, while the credit covers them
+            if size > self._credit:
                 break
             todo.append(old)
-            budget -= files[old]
+            self._credit -= size
         damage = []
         for path in todo:
             found = verify_pack(path, hlen) if path.suffix == ".pack" else verify_loose(path, hlen)
@@ -256,7 +258,7 @@ def _object_files(objects: Path) -> Iterator[tuple[Path, int]]:
     """(file, size) of every pack with an index (a pack without one is being written) and every loose
     object; a file that a repack removes meanwhile is left out."""
     packs = [p for p in (objects / "pack").glob("pack-*.pack") if p.with_suffix(".idx").exists()]
-    loose = [p for d in objects.glob("[0-9a-f][0-9a-f]") for p in d.iterdir() if not p.name.startswith("tmp")]
+    loose = [p for d in objects.glob("[0-9a-f][0-9a-f]") for p in _listing(d) if not p.name.startswith("tmp")]
     for path in packs + loose:
         try:
             yield path, path.stat().st_size
@@ -318,3 +320,10 @@ class RepoGuard:
         self.problem = problem
         if self.on_change is not None:
             self.on_change(problem)
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:  # emptied and removed by git's prune-packed meanwhile
+        return []

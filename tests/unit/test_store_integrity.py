@@ -107,10 +107,12 @@ def test_a_truncated_ref_is_found(pushed: tuple[Path, Path], keep: int) -> None:
 def test_an_old_pack_is_verified_again_in_turn(pushed: tuple[Path, Path]) -> None:
     """Packs verified once are read again within the per-run budget, so later bit rot is found too."""
     repo = pushed[0]
-    check = RepoCheck(repo, recheck_bytes=1)
+    pack = biggest_pack(repo)
+    check = RepoCheck(repo, recheck_bytes=pack.stat().st_size // 2 + 1)
     assert check.run() == []
-    flip(biggest_pack(repo), 100)
-    assert check.run() != []
+    flip(pack, pack.stat().st_size - 100)  # a blob (git packs commits and trees first)
+    assert check.run() == []  # half the pack's bytes earned: not its turn yet
+    assert check.run() != []  # the whole pack's worth: verified again
 
 
 def test_the_writer_commits_nothing_on_a_damaged_repo_and_resumes_once_repaired(
