@@ -285,6 +285,7 @@ class RepoGuard:
         self._clock = clock
         self.problem: str | None = None
         self._checked_at: float | None = None
+        self._known = False  # no verdict given yet
 
     def check(self) -> str | None:
         """Run the check now; the first damage's line, or None when the repo is intact."""
@@ -311,11 +312,15 @@ class RepoGuard:
             raise RepoCorruptError(self.problem)
 
     def _set(self, problem: str | None) -> None:
-        if problem == self.problem:
+        """Record the verdict; ``on_change`` hears the first one (an alarm a previous process left is
+        cleared) and every change."""
+        known, before = self._known, self.problem
+        self._known = True
+        if known and problem == before:
             return
-        if problem is not None:
+        if problem is not None and problem != before:
             log.error("%s; the writer commits nothing until it is repaired", problem)
-        else:
+        elif problem is None and before is not None:
             log.warning("results repo %s is intact again; the writer resumes", self._check.path)
         self.problem = problem
         if self.on_change is not None:

@@ -233,3 +233,14 @@ def test_repo_check_names_the_damage_in_one_line_and_exits_1(
     fixed = croqq({}, "repo", "repair", "--repo", str(repo), "--from", str(remote))
     assert fixed.returncode == 0 and "results repo repaired: main at" in fixed.stdout, fixed.stderr
     assert croqq({}, "repo", "check", "--repo", str(repo)).stdout.strip() == "results repo is intact"
+
+
+def test_the_guards_first_verdict_is_always_heard(pushed: tuple[Path, Path]) -> None:
+    """An intact repo at start-up clears an alarm that a previous writer left; later checks that find
+    nothing new say nothing."""
+    heard: list[str | None] = []
+    guard = RepoGuard(RepoCheck(pushed[0]), heard.append)
+    guard.check()
+    guard.check()
+    guard.require()
+    assert heard == [None]
