@@ -24,6 +24,7 @@ from benchmarks import (
     history,
     hosts_bench,
     import_bench,
+    integrity_bench,
     reconcile_bench,
     redis_bench,
     report_bench,
@@ -73,6 +74,7 @@ PARTS: dict[str, tuple[str, Part]] = {
     "report": ("croqq report on a full results repo", lambda w, a: report_bench.run(w)),
     "exporter": ("exporter scrape time", lambda w, a: exporter_bench.run(w)),
     "import": ("croqq import of a 2,000-row log and a 100-shape tree", lambda w, a: import_bench.run(w)),
+    "integrity": ("results repo check at 10k iterations", lambda w, a: integrity_bench.run(w)),
 }
 
 

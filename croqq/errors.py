@@ -63,6 +63,12 @@ class DiskFullError(DeferredError):
         self.path = path
 
 
+class RepoCorruptError(DeferredError):
+    """The results repo is damaged (an unreadable object or ref): the writer commits nothing on top of it.
+    A STORE waits (back to its queue, never counted against its shape) until the repo is repaired
+    (``croqq repo repair``); the message is one line naming the object or ref."""
+
+
 class StaleStepError(CroqqError):
     """A step message or result belongs to an older epoch or an already finished step; drop it."""
 

@@ -189,6 +189,12 @@ class Settings(BaseSettings):
     quarantine_cooldown_s: float = Field(
         60.0, ge=0, description="A quarantined GPU stays out at least this long, however its re-checks go."
     )
+    repo_check_every_s: float = Field(
+        60.0,
+        gt=0,
+        description="The writer checks the results repo's refs and new packs/objects this often "
+        "(and at start-up); damage stops its commits until `croqq repo repair`.",
+    )
     git_reconcile_every_s: float = Field(
         60.0,
         gt=0,

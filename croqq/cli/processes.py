@@ -88,7 +88,16 @@ def writer(log_level: str = LogLevel) -> None:
         log_level,
         singleton="writer",
         on_exit=_close_writer,
+        on_start=_check_repo,
     )
+
+
+def _check_repo() -> None:
+    """Check the results repo before the first STORE: damage raises the alarm ``repo_corrupt`` and the
+    writer then commits nothing (STOREs wait) until `croqq repo repair` (see croqq.store.integrity)."""
+    from croqq.processes.runtime import get_runtime
+
+    get_runtime().repo_guard.check()
 
 
 def _close_writer() -> None:

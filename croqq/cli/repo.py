@@ -118,3 +118,67 @@ def _forget_live_state(settings, keys: list[str]) -> None:  # type: ignore[no-un
         if state is not None and state.gpu_uuid:
             pipe.srem(rkeys.active(state.gpu_uuid), sid)
         pipe.execute()
+
+
+repo_app = typer.Typer(
+    help="Check the results repo's objects and refs, and repair it from its remote.", no_args_is_help=True
+)
+app.add_typer(repo_app, name="repo")
+
+
+@repo_app.command("check")
+def repo_check(
+    repo: Path | None = typer.Option(None, "--repo", help="Results repo (default CROQQ_RESULTS_REPO)."),
+) -> None:
+    """Read every ref, pack and loose object (the writer's check, in full) and run `git fsck --full`.
+    Exit 0 intact, 1 damaged (one line per problem). Safe while the writer runs."""
+    from croqq.store.integrity import RepoCheck
+    from croqq.store.repair import fsck_lines
+
+    path = _repo_path(repo)
+    lines = [d.line for d in RepoCheck(path, load_settings().results_branch).run()]
+    lines += [f"git fsck: {line}" for line in fsck_lines(path)]
+    for line in lines:
+        typer.echo(line)
+    if lines:
+        typer.echo("the results repo is damaged; `croqq repo repair` re-fetches it from its remote", err=True)
+        raise typer.Exit(1)
+    typer.echo("results repo is intact")
+
+
+@repo_app.command("repair")
+def repo_repair(
+    remote: str = typer.Option("", "--from", help="Remote to re-fetch from (default CROQQ_RESULTS_REMOTE)."),
+    repo: Path | None = typer.Option(None, "--repo", help="Results repo (default CROQQ_RESULTS_REPO)."),
+) -> None:
+    """Move damaged packs, objects and refs aside, keep what is intact, re-fetch the rest from the remote
+    and, when the local history cannot be read, move the branch to the remote's tip (the iterations after
+    the last push are then run again). Needs the writer lock: stop the writer first."""
+    from croqq.store.repair import repair
+
+    settings = load_settings()
+    path = _repo_path(repo)
+    lease = writer_lock(settings, "croqq repo repair")
+    try:
+        report = repair(path, settings.results_branch, remote or settings.results_remote)
+    finally:
+        if lease is not None:
+            lease.release()
+    for line in report.lines:
+        typer.echo(line)
+    for file in report.quarantined:
+        typer.echo(f"moved aside: {file}")
+    typer.echo(f"results repo repaired: {settings.results_branch} at {report.after}")
+    _clear_alarm(settings)
+
+
+def _clear_alarm(settings) -> None:  # type: ignore[no-untyped-def]
+    from croqq.delivery.redis_client import connect, require_redis
+    from croqq.processes.runtime import REPO_ALARM
+    from croqq.work.alarms import clear_everywhere
+
+    try:
+        require_redis(settings, timeout_s=1.0)
+    except ConfigError:
+        return
+    clear_everywhere(connect(settings), REPO_ALARM)

@@ -86,6 +86,7 @@ def run_celery_worker(
     singleton: str | None = None,
     extra_beats: Callable[[Heartbeat], None] | None = None,
     on_exit: Callable[[], None] | None = None,
+    on_start: Callable[[], None] | None = None,
     prefetch: int = 1,
     node: str | None = None,
 ) -> None:
@@ -124,6 +125,8 @@ def run_celery_worker(
         extra_beats(hb)
     hb.add("health", health.reporter(settings, role, node_name))
     hb.start()
+    if on_start is not None:
+        on_start()
     try:
         app.worker_main(celery_argv(queue, node_name, pool, concurrency, loglevel, prefetch))
     finally:

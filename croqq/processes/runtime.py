@@ -23,7 +23,7 @@ from croqq.delivery.messages import StepMessage
 from croqq.delivery.queues import STEP_TASK
 from croqq.delivery.redis_client import connect, text
 from croqq.domain.manifest import Manifest
-from croqq.errors import ConfigError
+from croqq.errors import ConfigError, RepoCorruptError
 from croqq.placement.assign import Placement
 from croqq.settings import Settings, get_settings
 from croqq.work import history, stats
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from croqq.backends._base import Backend, GpuContext
     from croqq.probes._base import GpuProbe
     from croqq.proposers._base import Proposer
+    from croqq.store.integrity import RepoGuard
     from croqq.store.push import Pusher
     from croqq.store.writer import ResultsWriter
 
@@ -45,6 +46,7 @@ ENV_GPU_UUID = "CROQQ_GPU_UUID"
 ENV_GPU_INDEX = "CROQQ_GPU_INDEX"
 ENV_GPU_TYPE = "CROQQ_GPU_TYPE"
 ENV_GPU_OWNER = "CROQQ_GPU_OWNER"
+REPO_ALARM = "repo_corrupt"
 UNKNOWN = "?"  # a lease holder that cannot be read: never taken for a previous writer being gone
 
 
@@ -178,24 +180,52 @@ class Runtime:
         return GpuContext(uuid=ident.uuid, index=ident.index, gpu_type=ident.gpu_type, probe=self.probe)
 
     @cached_property
+    def repo_guard(self) -> RepoGuard:
+        """The results repo's integrity verdict (the writer's): damage raises the alarm ``repo_corrupt``,
+        repair clears it (and the open repo forgets the files it knew)."""
+        from croqq.store.integrity import RepoCheck, RepoGuard
+        from croqq.work import alarms
+
+        def changed(problem: str | None) -> None:
+            try:
+                if problem is not None:
+                    alarms.raise_alarm(self.client, REPO_ALARM, problem)
+                else:
+                    alarms.clear_alarm(self.client, REPO_ALARM)
+            except redis.RedisError as exc:  # the verdict stands whatever Redis can record of it
+                log.warning("could not record the results repo's state in Redis: %s", exc)
+            if problem is None and "writer" in vars(self):
+                self.writer.repo.reopen()
+
+        check = RepoCheck(Path(self.settings.results_repo), self.settings.results_branch)
+        return RepoGuard(check, changed, recheck_s=min(10.0, self.settings.repo_check_every_s))
+
+    @cached_property
     def writer(self) -> ResultsWriter:
+        """The results writer; raises RepoCorruptError (and is not kept) while the repo is damaged, and
+        DiskFullError while its disk is full."""
         from croqq import diskspace
         from croqq.store.gitrepo import GitRepo
         from croqq.store.writer import ResultsWriter
 
         s = self.settings
+        self.repo_guard.require()
         holder = self._writer_lease_holder()  # this process holds the lease: a previous writer is gone
-        with diskspace.guard(Path(s.results_repo), "the results repo", s.disk_retry_s):
-            repo = GitRepo(
-                Path(s.results_repo),
-                s.results_branch,
-                s.sync_worktree,
-                fsync=s.git_fsync,
-                owner=holder if holder not in (None, UNKNOWN) else self.owner,
-                previous_gone=lambda previous: holder not in (previous, UNKNOWN),
-                reserve_bytes=s.disk_reserve_bytes,
-                retry_s=s.disk_retry_s,
-            )
+        try:
+            with diskspace.guard(Path(s.results_repo), "the results repo", s.disk_retry_s):
+                repo = GitRepo(
+                    Path(s.results_repo),
+                    s.results_branch,
+                    s.sync_worktree,
+                    fsync=s.git_fsync,
+                    owner=holder if holder not in (None, UNKNOWN) else self.owner,
+                    previous_gone=lambda previous: holder not in (previous, UNKNOWN),
+                    reserve_bytes=s.disk_reserve_bytes,
+                    retry_s=s.disk_retry_s,
+                )
+        except RepoCorruptError as exc:  # damage the check did not see (it reads less than git does)
+            self.repo_guard.found(str(exc))
+            raise
         if s.test_barriers:
             from croqq.work.barriers import wait_barrier
 
@@ -207,7 +237,9 @@ class Runtime:
             self.pusher = Pusher(lambda: repo.push(remote), s.push_every_s, remote).start()
             repo.after_commit = self.pusher.poke
             self.pusher.poke()  # commits made before a restart
+        repo.on_damage = self.repo_guard.found
         writer = ResultsWriter(repo)
+        writer.guard = self.repo_guard
         writer.on_commit = lambda seconds: stats.record_commit(self.client, seconds)  # commit latency
         return writer
 

@@ -9,7 +9,7 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 
 from croqq.delivery import queues
 from croqq.delivery.messages import FillMessage, SubmitMessage, parse
-from croqq.errors import DiskFullError, InvalidRecordError
+from croqq.errors import DiskFullError, InvalidRecordError, RepoCorruptError
 from croqq.processes.app import app, too_old
 from croqq.processes.runtime import drain_completer, get_runtime
 from croqq.settings import get_settings
@@ -93,12 +93,23 @@ def reconcile(self: Any) -> dict[str, int]:
     return {} if _skip_old(self) else housekeeping.reconcile(get_runtime())
 
 
+def _repo_damaged(task: Any) -> bool:
+    """The results repo is damaged (the alarm is up): the writer's periodic tasks wait for the repair."""
+    try:
+        get_runtime().repo_guard.require()
+    except RepoCorruptError as exc:
+        log.info("%s waits: %s", task.name, exc)
+        return True
+    return False
+
+
 @app.task(name=queues.TASK_GIT_RECONCILE, bind=True)
 def git_reconcile(self: Any) -> dict[str, int]:
-    """Reconcile live state against the results repo (the writer's queue: only the writer reads it)."""
+    """Reconcile live state against the results repo (the writer's queue: only the writer reads it); not
+    while the repo is damaged (its repair may move the branch back: reconcile then)."""
     from croqq.work.reconcile import reconcile as with_git
 
-    return {} if _skip_old(self) else with_git(get_runtime())
+    return {} if _skip_old(self) or _repo_damaged(self) else with_git(get_runtime())
 
 
 @app.task(name=queues.TASK_SUMMARY, bind=True)
@@ -106,7 +117,7 @@ def summary(self: Any) -> int:
     """Refresh every run's compaction-summary.md (the writer's queue, so only the writer writes)."""
     from croqq.store.load import list_runs
 
-    if _skip_old(self):
+    if _skip_old(self) or _repo_damaged(self):
         return 0
     try:
         writer = get_runtime().writer
@@ -119,12 +130,16 @@ def summary(self: Any) -> int:
 
 @app.task(name=queues.TASK_FLUSH, bind=True)
 def flush(self: Any) -> bool:
-    """Bring the results repo's index up to date, publish the repo's size (croqq_results_repo_bytes; at most
-    every REPO_BYTES_EVERY_S) and wake the background pusher (never waits for a push: see
-    croqq.store.push). True when a remote is set."""
+    """Check the results repo (every ``repo_check_every_s``), bring its index up to date, publish the
+    repo's size (croqq_results_repo_bytes; at most every REPO_BYTES_EVERY_S) and wake the background
+    pusher (never waits for a push: see croqq.store.push). True when a remote is set."""
     if _skip_old(self):
         return False
     rt = get_runtime()
+    if housekeeping.every(rt, "repo_check", rt.settings.repo_check_every_s):
+        rt.repo_guard.check()
+    if _repo_damaged(self):
+        return False
     rt.writer.repo.sync_index()
     if housekeeping.every(rt, "repo_bytes", REPO_BYTES_EVERY_S):
         stats.record_repo_bytes(rt.client, rt.writer.repo.size_bytes())
@@ -139,7 +154,7 @@ def record_submissions(self: Any) -> int:
     """Commit the submissions the results repo does not hold yet (the writer's queue)."""
     from croqq.work.intake import record_submissions as record
 
-    if _skip_old(self):
+    if _skip_old(self) or _repo_damaged(self):
         return 0
     rt = get_runtime()
     try:

@@ -31,11 +31,12 @@ from pathlib import Path
 import pygit2
 
 from croqq import diskspace
-from croqq.errors import ConfigError, InvalidRecordError, RetryableError
+from croqq.errors import ConfigError, InvalidRecordError, RepoCorruptError, RetryableError
 from croqq.store._fsync import fsync_path
 from croqq.store._locks import LockJournal
 from croqq.store._objects import TREE, Entry, LibgitSink, Node, PackSink, Sink, Staged, Trees
 from croqq.store._repack import REPACK_EVERY, Repacker
+from croqq.store.integrity import HINT
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class GitRepo:
         self._last_flush = 0.0
         self._closed = False
         self._frozen = False
+        self.on_damage: Callable[[str], None] | None = None  # hears each RepoCorruptError's line
         self.before_ref_move: Callable[[], None] | None = None
         self.after_commit: Callable[[], None] | None = None  # e.g. wake the pusher (never blocks)
         self._refresh()
@@ -216,6 +218,11 @@ class GitRepo:
             return PackSink(self._pack_folder, self.fsync)
         return LibgitSink(self._repo, self.fsync)
 
+    def reopen(self) -> None:
+        """Forget what libgit2 knew of the repo's files (after a repair put new packs or refs in place)."""
+        self._reopen()
+        self._refresh()
+
     def _reopen(self) -> None:
         """A fresh libgit2 handle (after a repack: forget, and close, the packs it deleted)."""
         self._repo.free()
@@ -251,10 +258,18 @@ class GitRepo:
     # -- reading the tip ----------------------------------------------------------------------------
 
     def _ref_target(self) -> pygit2.Oid | None:
-        ref = self._repo.references.get(self.refname)
-        if ref is None:
-            return None
-        return ref.resolve().target  # type: ignore[return-value]
+        try:
+            ref = self._repo.references.get(self.refname)
+            return ref.resolve().target if ref is not None else None  # type: ignore[return-value]
+        except (pygit2.GitError, ValueError) as exc:
+            raise self._damaged(f"ref {self.refname} unreadable ({exc})") from exc
+
+    def _damaged(self, what: str) -> RepoCorruptError:
+        """The error for a damaged object or ref (one line), told to ``on_damage`` first."""
+        line = f"results repo corrupt: {what}; {HINT}"
+        if self.on_damage is not None:
+            self.on_damage(line)
+        return RepoCorruptError(line)
 
     def freeze(self) -> GitRepo:
         """Pin every later read to the current tip: a consistent snapshot while a writer commits."""
@@ -278,7 +293,12 @@ class GitRepo:
             return self._repo[oid]
         except (KeyError, pygit2.GitError):
             self._reopen()
+        try:
             return self._repo[oid]
+        except KeyError as exc:
+            raise self._damaged(f"object {oid} missing") from exc
+        except pygit2.GitError as exc:
+            raise self._damaged(f"object {oid} unreadable ({exc})") from exc
 
     def _entry(self, path: str) -> Entry | None:
         self._refresh()

@@ -23,6 +23,7 @@ from croqq.domain import source
 from croqq.errors import InvalidRecordError, StoreGapError
 from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo, blob_id_of
+from croqq.store.integrity import RepoGuard
 from croqq.store.load import load_checkpoint, load_state, parse_json, parse_jsonl
 from croqq.store.schema import (
     AttemptRecord,
@@ -326,6 +327,12 @@ class ResultsWriter:
         self.repo = repo
         self._state_cache: StateCache = {}
         self.on_commit: Callable[[float], None] | None = None  # seconds of each STORE that committed
+        self.guard: RepoGuard | None = None  # damage in the repo: nothing is committed on top of it
+
+    def _require_intact(self) -> None:
+        """Raise RepoCorruptError while the guard says the repo is damaged (it re-checks when due)."""
+        if self.guard is not None:
+            self.guard.require()
 
     def _committed(self, started: float) -> None:
         if self.on_commit is None:
@@ -337,6 +344,7 @@ class ResultsWriter:
 
     def apply(self, req: StoreRequest) -> StoreReceipt:
         """Store one iteration or attempt in one commit; a repeat is acknowledged and changes nothing."""
+        self._require_intact()
         started = time.perf_counter()
         iteration = req.round.iteration if req.round is not None else None
         draft = _Draft(self.repo, self._state_cache)
@@ -354,6 +362,7 @@ class ResultsWriter:
     ) -> list[StoreReceipt]:
         """Group commit: store several requests in ONE commit (duplicates acknowledged as in apply).
         ``appends``: text appended to further files in the same commit (an import's idea notes)."""
+        self._require_intact()
         started = time.perf_counter()
         draft = _Draft(self.repo, self._state_cache)
         fresh = [_stage(draft, req) for req in reqs]
@@ -378,6 +387,7 @@ class ResultsWriter:
     def record_submissions(self, records: Sequence[SubmissionRecord]) -> str | None:
         """Append the submissions not yet in their run's submissions.jsonl, in one commit (None: all of
         them were there already)."""
+        self._require_intact()
         draft = _Draft(self.repo, self._state_cache)
         new: list[SubmissionRecord] = []
         for rec in records:
@@ -398,6 +408,7 @@ class ResultsWriter:
     def put_files(self, files: Mapping[str, str], subject: str) -> str | None:
         """Write whole files in one commit (an import's read-only history); None when every file already
         holds these bytes."""
+        self._require_intact()
         changed: dict[str, bytes | None] = {
             p: t.encode() for p, t in files.items() if self.repo.read(p) != t.encode()
         }
@@ -417,6 +428,7 @@ class ResultsWriter:
     def refresh_summary(self, gpu: str, dsl: str) -> str | None:
         """Rewrite the run's compaction-summary.md from state.json and the checkpoints; returns the new
         commit, or None when there is no state or the text did not change. Also flushes the index."""
+        self._require_intact()
         run = paths.RunPaths(gpu, dsl)
         state = load_state(self.repo, gpu, dsl)
         commit = None

@@ -54,3 +54,9 @@ def active(client: redis.Redis) -> list[Alarm]:
     return sorted(
         (Alarm.model_validate_json(v) for v in client.hvals(keys.ALARMS)), key=lambda a: (a.name, a.source)
     )
+
+
+def clear_everywhere(client: redis.Redis, name: str) -> int:
+    """Clear ``name`` whichever worker raised it (an operator's repair fixed the condition itself)."""
+    fields = [a.field for a in active(client) if a.name == name]
+    return int(client.hdel(keys.ALARMS, *fields)) if fields else 0
