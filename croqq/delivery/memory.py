@@ -152,3 +152,13 @@ def wait_for_room(client: redis.Redis, poll_s: float = POLL_S) -> None:
             _EPISODE.enter(memory)
         time.sleep(poll_s)
     _EPISODE.leave()
+
+
+def at_start(client: redis.Redis) -> None:
+    """Before a process takes its leases: wait while Redis is full (a lease it cannot write would make it
+    exit and be restarted over and over), and warn when Redis would evict croqq's keys."""
+    wait_for_room(client)
+    with contextlib.suppress(redis.RedisError):
+        found = read_memory(client)
+        if found.evicts:
+            log.warning("%s", found.message())

@@ -94,7 +94,7 @@ def run_celery_worker(
     from croqq.processes.app import app
 
     client = connect(settings)
-    memory.wait_for_room(client)  # a full Redis refuses the leases: wait instead of failing (and restarting)
+    memory.at_start(client)
     owner = owner_id(role)
     lease = None
     if singleton:
@@ -226,7 +226,7 @@ def claim_gpu(
     from croqq.processes.startcheck import start_problems
 
     client = connect(settings)
-    memory.wait_for_room(client)
+    memory.at_start(client)
     owner = owner_id("gpu")
     lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s, in_memory=True)  # owner: the entry's
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
@@ -287,7 +287,7 @@ def run_beat(settings: Settings, loglevel: str = "INFO") -> None:
     from croqq.processes.app import app
 
     client = connect(settings)
-    memory.wait_for_room(client)
+    memory.at_start(client)
     lease = Lease(client, "beat", owner_id("beat"), settings.lease_ttl_s)
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what="the beat lock")
     hb = Heartbeat(settings.lease_ttl_s / 4, name="croqq-beat-heartbeat", client=client)
