@@ -54,3 +54,13 @@ def main() -> None:
     except CroqqError as exc:
         typer.echo(f"croqq: error: {exc}", err=True)
         sys.exit(1)
+    except Exception as exc:
+        from croqq.delivery.memory import is_full_error
+
+        if not is_full_error(exc):
+            raise
+        typer.echo(
+            "croqq: error: Redis is full and refuses writes: free memory or raise maxmemory, then try again",
+            err=True,
+        )
+        sys.exit(1)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from croqq.delivery import keys
+from croqq.delivery import keys, memory
 from croqq.delivery.redis_client import text
 from croqq.errors import LeaseHeldError
 from croqq.patience import Deadline
@@ -143,8 +143,11 @@ class Lease:
 class Heartbeat:
     """A daemon thread that calls each registered beat every ``interval_s`` (errors logged, never fatal)."""
 
-    def __init__(self, interval_s: float, name: str = "croqq-heartbeat") -> None:
+    def __init__(
+        self, interval_s: float, name: str = "croqq-heartbeat", client: redis.Redis | None = None
+    ) -> None:
         self.interval_s = interval_s
+        self.client = client  # the Redis its beats write to: a full one is said once, not per beat
         self._beats: dict[str, Callable[[], object]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -168,11 +171,19 @@ class Heartbeat:
     def beat_now(self) -> None:
         with self._lock:
             beats = list(self._beats.items())
+        full = False
         for name, beat in beats:
             try:
                 beat()
             except Exception as exc:  # a failed beat is retried next interval
+                if memory.is_full_error(exc):  # said once per pause, not once per beat
+                    full = True
+                    continue
                 log.warning("heartbeat %s failed: %s", name, exc)
+        if full:
+            memory.note_full(self.client)
+        elif beats and self.client is not None:
+            memory.note_room(self.client)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -6,14 +6,23 @@ own (each command borrows one from the pool), so one client per pool serves ever
 included. ``install()`` makes it the transport of the
 ``redis``, ``rediss`` and ``redis+socket`` URLs in this process (kombu picks the transport from the
 URL's scheme, ``redis`` for all three, so an explicit transport setting would not reach socket URLs).
+
+Its acknowledgements wait out a full Redis (:mod:`croqq.delivery.memory`): kombu's ack, reject and
+delivery bookkeeping are Redis transactions, which a full Redis refuses; a worker whose ack is refused
+stops ("Unrecoverable error"), and a message popped from its queue but not recorded as unacked is lost.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
+
+from croqq.delivery import memory
+
+T = TypeVar("T")
 
 ALIASES = ("redis", "rediss")
 # kombu internals this module relies on, checked on kombu >= 5.7, < 5.8 (tests/unit/test_third_party_pins.py)
@@ -23,10 +32,38 @@ KOMBU_INTERNALS = (
     "kombu.transport:TRANSPORT_ALIASES",
     "kombu.transport.redis:Channel._create_client",
     "kombu.transport.redis:Channel.pool",
+    "kombu.transport.redis:Channel.QoS",
+    "kombu.transport.redis:QoS.append",
+    "kombu.transport.redis:QoS.ack",
+    "kombu.transport.redis:QoS.reject",
 )
 
 
+class QoS(kombu_redis.QoS):
+    """kombu's ack emulation, waiting while Redis is full instead of failing."""
+
+    def _until_done(self, fn: Callable[[], T]) -> T:
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not memory.is_full_error(exc):
+                    raise
+                with self.channel.conn_or_acquire() as client:
+                    memory.wait_for_room(client)
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        self._until_done(lambda: super(QoS, self).append(message, delivery_tag))
+
+    def ack(self, delivery_tag: Any) -> None:
+        self._until_done(lambda: super(QoS, self).ack(delivery_tag))
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        self._until_done(lambda: super(QoS, self).reject(delivery_tag, requeue))
+
+
 class Channel(kombu_redis.Channel):
+    QoS = QoS
     _shared: Any = None  # the client for the current pool (kombu drops and rebuilds pools on errors)
 
     def _create_client(self, asynchronous: bool = False) -> Any:

@@ -28,12 +28,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from croqq.delivery import keys, queues
+from croqq.delivery.memory import RedisMemory
 from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeSummary
 from croqq.placement.registry import HEALTHY, OFFLINE, QUARANTINED, GpuEntry
 from croqq.store.schema import AttemptKind
 from croqq.work import progress, stats
-from croqq.work.alarms import Alarm
+from croqq.work.alarms import Alarm, redis_alarms
 
 log = logging.getLogger(__name__)
 GPU_STATES = (HEALTHY, QUARANTINED, OFFLINE)
@@ -77,6 +78,7 @@ class Reading:
     gpus: list[tuple[GpuEntry, dict[str, str], int, int]]  # entry, busy hash, depth, active shapes
     agents: dict[str, dict[str, str]]
     alarms: list[Alarm] = dataclasses.field(default_factory=list)
+    memory: RedisMemory | None = None
 
 
 def read(client: redis.Redis) -> Reading:
@@ -90,9 +92,12 @@ def read(client: redis.Redis) -> Reading:
     pipe.smembers(keys.GPUS)
     pipe.smembers(keys.AGENTS)
     pipe.hvals(keys.ALARMS)
-    (sec, usec), summary, counters, commits, repo_bytes, unacked, uuid_set, agent_set, alarm_set = (
+    pipe.info("memory")
+    (sec, usec), summary, counters, commits, repo_bytes, unacked, uuid_set, agent_set, alarm_set, info = (
         pipe.execute()
     )
+    now = float(sec) + float(usec) / 1e6
+    memory = RedisMemory.from_info(info)
     uuids, names = sorted(strs(uuid_set)), sorted(strs(agent_set))
     names_of_queues = [queues.CONTROL, queues.BUILD, queues.IDEATE, queues.STORE]
     names_of_queues += [queues.gpu_queue(u) for u in uuids]
@@ -115,7 +120,7 @@ def read(client: redis.Redis) -> Reading:
         if entry:  # listed, but its hash is gone (Redis lost part of it): skipped until re-registered
             gpus.append((GpuEntry.model_validate(entry), busy, int(depth or 0), int(active)))
     return Reading(
-        now=float(sec) + float(usec) / 1e6,
+        now=now,
         summary=summary,
         counters=counters,
         commits=commits,
@@ -124,7 +129,8 @@ def read(client: redis.Redis) -> Reading:
         queue_lengths=lengths,
         gpus=gpus,
         agents={name: next(replies) for name in names},
-        alarms=[Alarm.model_validate_json(v) for v in alarm_set],
+        alarms=[Alarm.model_validate_json(v) for v in alarm_set] + redis_alarms(memory, now),
+        memory=memory,
     )
 
 
@@ -292,6 +298,9 @@ def alarm_families(r: Reading) -> Iterator[Metric]:
         ["name", "source"],
         (([a.name, a.source], 1.0) for a in r.alarms),
     )
+    if r.memory is not None:  # a full Redis refuses every write: croqq pauses (croqq.delivery.memory)
+        yield _gauge("croqq_redis_used_memory_bytes", "Redis's used_memory.", [], [([], r.memory.used)])
+        yield _gauge("croqq_redis_maxmemory_bytes", "Redis's maxmemory (0: none).", [], [([], r.memory.max)])
 
 
 def families(r: Reading) -> Iterator[Metric]:

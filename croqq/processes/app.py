@@ -11,11 +11,11 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import Celery, beat, bootsteps
 from celery.signals import before_task_publish
 from celery.worker.consumer import Consumer
 
-from croqq.delivery import queues, transport
+from croqq.delivery import memory, queues, transport
 from croqq.delivery.redis_client import kombu_url
 from croqq.settings import Settings, get_settings
 
@@ -185,6 +185,29 @@ class PromptReconnectConsumer(Consumer):
             conn.ensure_connection, interval_start=0.5, interval_step=0.5, interval_max=RECONNECT_MAX_S
         )
         return super().ensure_connected(conn)
+
+
+class PausingScheduler(beat.Scheduler):
+    """Celery beat's scheduler, quiet while Redis is full: a due task it cannot send is skipped (the
+    schedule sends it again next time; housekeeping tolerates missed ticks), said once per pause instead
+    of a traceback per tick."""
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        try:
+            self.apply_async(entry, producer=producer, advance=False)
+        except Exception as exc:
+            if not memory.is_full_error(exc):
+                log.error("could not send %s: %s", entry.task, exc, exc_info=True)
+                return
+            memory.note_full(self._client)
+        else:
+            memory.note_room(self._client)
+
+    @functools.cached_property
+    def _client(self) -> Any:
+        from croqq.delivery.redis_client import connect
+
+        return connect(get_settings())
 
 
 class QueueResetStep(bootsteps.StartStopStep):

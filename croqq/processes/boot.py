@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from croqq.delivery import keys, queues
+from croqq.delivery import keys, memory, queues
 from croqq.delivery.leases import Heartbeat, Lease, owner_id
 from croqq.delivery.redis_client import connect
 from croqq.placement import registry
@@ -95,6 +95,7 @@ def run_celery_worker(
     from croqq.processes.app import app
 
     client = connect(settings)
+    memory.at_start(client)
     owner = owner_id(role)
     lease = None
     if singleton:
@@ -113,7 +114,7 @@ def run_celery_worker(
     reclaimed = get_runtime().ledger.reclaim_dead_local()
     if reclaimed:
         log.warning("re-queued %d step(s) left running by dead processes of this host", reclaimed)
-    hb = Heartbeat(settings.lease_ttl_s / 4, name=f"croqq-{role}-heartbeat")
+    hb = Heartbeat(settings.lease_ttl_s / 4, name=f"croqq-{role}-heartbeat", client=client)
     refused = threading.Event()
     hb.add("worker", lambda: _beat_worker(client, node_name, queue, role))
     hb.add("host", lambda: _stop_if_refused(client, node_name, refused))
@@ -174,7 +175,9 @@ def _beat_worker(client: redis.Redis, node: str, queue: str, role: str) -> None:
         return
     from croqq.processes.app import declare_queue
 
-    log.warning("Redis no longer knows worker %s: declaring queue %s again", node, queue)
+    log.warning(  # it restarted or was flushed, or was full for longer than the registry's TTL
+        "Redis no longer knows worker %s: declaring queue %s again", node, queue
+    )
     declare_queue(queue)
     registry.register_worker(client, node, [queue], role)
     registry.mark_queues_reset(client, [queue])
@@ -226,6 +229,7 @@ def claim_gpu(
     from croqq.processes.startcheck import start_problems
 
     client = connect(settings)
+    memory.at_start(client)
     owner = owner_id("gpu")
     lease = Lease(client, f"gpu:{uuid}", owner, settings.lease_ttl_s, in_memory=True)  # owner: the entry's
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what=f"GPU {uuid}")
@@ -286,16 +290,17 @@ def run_beat(settings: Settings, loglevel: str = "INFO") -> None:
     from croqq.processes.app import app
 
     client = connect(settings)
+    memory.at_start(client)
     lease = Lease(client, "beat", owner_id("beat"), settings.lease_ttl_s)
     lease.acquire(wait_s=1.5 * settings.lease_ttl_s, what="the beat lock")
-    hb = Heartbeat(settings.lease_ttl_s / 4, name="croqq-beat-heartbeat")
+    hb = Heartbeat(settings.lease_ttl_s / 4, name="croqq-beat-heartbeat", client=client)
     hb.add("lease", lambda: _renew_or_die(lease, "beat"))
     hb.add("health", health.reporter(settings, "beat", f"beat@{host_name()}"))
     hb.start()
     try:
         Beat(
             app=app,
-            scheduler="celery.beat:Scheduler",
+            scheduler="croqq.processes.app:PausingScheduler",
             max_interval=max(1, int(settings.reconcile_every_s)),
             loglevel=loglevel,
             redirect_stdouts=False,

@@ -128,7 +128,8 @@ class Runtime:
 
     @cached_property
     def heartbeat(self) -> Heartbeat:
-        return Heartbeat(self.settings.lease_ttl_s / 4, name=f"croqq-heartbeat-{os.getpid()}").start()
+        name = f"croqq-heartbeat-{os.getpid()}"
+        return Heartbeat(self.settings.lease_ttl_s / 4, name=name, client=self.client).start()
 
     @property
     def step_leases(self) -> StepLeases:

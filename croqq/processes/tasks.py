@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery.signals import worker_process_init, worker_process_shutdown, worker_shutdown
 
-from croqq.delivery import queues
+from croqq.delivery import memory, queues
 from croqq.delivery.messages import FillMessage, SubmitMessage, parse
 from croqq.errors import DiskFullError, InvalidRecordError, RepoCorruptError
 from croqq.processes.app import app, too_old
@@ -18,6 +20,25 @@ from croqq.work.steps import StepOutcome, run_step
 
 log = logging.getLogger(__name__)
 REPO_BYTES_EVERY_S = 30.0  # walking .git is cheap but not free: the exporter's figure lags by at most this
+T = TypeVar("T")
+
+
+def paused_while_full(fn: Callable[..., T]) -> Callable[..., T]:
+    """A task that meets a full Redis waits until it has room and runs again (a periodic one may then find
+    itself too old and skip). It does not end meanwhile: Celery's ack is a Redis transaction too, and a
+    worker whose ack is refused stops."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> T:
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not memory.is_full_error(exc):
+                    raise
+                memory.wait_for_room(get_runtime().client)
+
+    return run
 
 
 @worker_process_init.connect
@@ -40,26 +61,31 @@ def _drain_main(**_: Any) -> None:
 
 
 @app.task(name=queues.TASK_GPU)
+@paused_while_full
 def gpu_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_GPU)
 
 
 @app.task(name=queues.TASK_BUILD)
+@paused_while_full
 def build_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_BUILD)
 
 
 @app.task(name=queues.TASK_IDEATE, rate_limit=get_settings().ideate_rate_limit or None)
+@paused_while_full
 def ideate_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_IDEATE)
 
 
 @app.task(name=queues.TASK_STORE)
+@paused_while_full
 def store_step(payload: Any) -> StepOutcome:
     return run_step(get_runtime(), payload, queues.TASK_STORE)
 
 
 @app.task(name=queues.TASK_SUBMIT)
+@paused_while_full
 def submit(payload: Any) -> int:
     try:
         msg = parse(SubmitMessage, payload)
@@ -70,6 +96,7 @@ def submit(payload: Any) -> int:
 
 
 @app.task(name=queues.TASK_FILL)
+@paused_while_full
 def fill(payload: Any) -> int:
     try:
         msg = parse(FillMessage, payload or {})
@@ -89,6 +116,7 @@ def _skip_old(task: Any) -> bool:
 
 
 @app.task(name=queues.TASK_RECONCILE, bind=True)
+@paused_while_full
 def reconcile(self: Any) -> dict[str, int]:
     return {} if _skip_old(self) else housekeeping.reconcile(get_runtime())
 
@@ -104,6 +132,7 @@ def _repo_damaged(task: Any) -> bool:
 
 
 @app.task(name=queues.TASK_GIT_RECONCILE, bind=True)
+@paused_while_full
 def git_reconcile(self: Any) -> dict[str, int]:
     """Reconcile live state against the results repo (the writer's queue: only the writer reads it); not
     while the repo is damaged (its repair may move the branch back: reconcile then)."""
@@ -113,6 +142,7 @@ def git_reconcile(self: Any) -> dict[str, int]:
 
 
 @app.task(name=queues.TASK_SUMMARY, bind=True)
+@paused_while_full
 def summary(self: Any) -> int:
     """Refresh every run's compaction-summary.md (the writer's queue, so only the writer writes)."""
     from croqq.store.load import list_runs
@@ -129,6 +159,7 @@ def summary(self: Any) -> int:
 
 
 @app.task(name=queues.TASK_FLUSH, bind=True)
+@paused_while_full
 def flush(self: Any) -> bool:
     """Check the results repo (every ``repo_check_every_s``), bring its index up to date, publish the
     repo's size (croqq_results_repo_bytes; at most every REPO_BYTES_EVERY_S) and wake the background
@@ -150,6 +181,7 @@ def flush(self: Any) -> bool:
 
 
 @app.task(name=queues.TASK_RECORD, bind=True)
+@paused_while_full
 def record_submissions(self: Any) -> int:
     """Commit the submissions the results repo does not hold yet (the writer's queue)."""
     from croqq.work.intake import record_submissions as record
@@ -165,6 +197,7 @@ def record_submissions(self: Any) -> int:
 
 
 @app.task(name=queues.TASK_GPU_RECHECK, bind=True)
+@paused_while_full
 def gpu_recheck(self: Any, payload: Any) -> bool:
     """Health sweep for a quarantined GPU: back in service when its cool-down is over and the probe finds it
     healthy."""

@@ -5,6 +5,9 @@ Unlike a host problem (:mod:`croqq.work.hosts`), an alarm does not stop its work
 and clears the alarm itself once the condition is gone. Each alarm is one field of ``croqq:alarms``, named
 ``<name>@<worker label>`` so that two hosts' alarms of one kind are two rows; ``croqq status`` lists them and
 the exporter publishes ``croqq_alarm{name, source}``.
+
+A full Redis cannot hold an alarm (it refuses the write), so Redis's own condition is read from ``INFO
+memory`` by whoever shows alarms (:func:`redis_alarms`): ``redis_full`` or ``redis_evicts``, source ``redis``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import redis
 from pydantic import BaseModel
 
 from croqq.delivery import clock, keys
+from croqq.delivery.memory import RedisMemory
 from croqq.work import hosts
 
 log = logging.getLogger(__name__)
@@ -60,3 +64,13 @@ def clear_everywhere(client: redis.Redis, name: str) -> int:
     """Clear ``name`` whichever worker raised it (an operator's repair fixed the condition itself)."""
     fields = [a.field for a in active(client) if a.name == name]
     return int(client.hdel(keys.ALARMS, *fields)) if fields else 0
+
+
+def redis_alarms(memory: RedisMemory, now: float) -> list[Alarm]:
+    """The alarm Redis's memory figures call for (none when it has room and does not evict)."""
+    message = memory.message()
+    if not message:
+        return []
+    return [
+        Alarm(name="redis_full" if memory.full else "redis_evicts", source="redis", message=message, at=now)
+    ]

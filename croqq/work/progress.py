@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import redis
 
 from croqq.delivery import clock, keys
+from croqq.delivery.memory import read_memory
 from croqq.delivery.state import ShapeSummary
 from croqq.placement import depth, registry
 from croqq.work import agents, alarms, hosts, stats
@@ -110,8 +111,9 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
                 depth=depth.current(client, g.uuid),
             )
         )
+    now = clock.now(client)
     return Snapshot(
-        at=clock.now(client),
+        at=now,
         dtypes=dtypes,
         gpus=gpus,
         counters=stats.counters(client),
@@ -119,7 +121,7 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
         agents=agents.health(client),
         budget=agents.budget(client),
         host_problems=hosts.all_problems(client),
-        alarms=alarms.active(client),
+        alarms=alarms.active(client) + alarms.redis_alarms(read_memory(client), now),
     )
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from croqq.delivery import keys
+from croqq.delivery import keys, memory
 from croqq.delivery.ledger import ClaimOutcome
 from croqq.delivery.messages import StepMessage, parse
 from croqq.delivery.queues import GPU_KINDS, STEP_TASK
@@ -264,7 +264,25 @@ def _disk_ok(rt: Runtime) -> None:
 
 
 def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[StepOutcome, Any]:
-    """Run ``fn``; map croqq's exceptions to the step's fate: (outcome, fn's value or None)."""
+    """Run ``fn``; map croqq's exceptions to the step's fate: (outcome, fn's value or None). A Redis that
+    is full is nobody's fault: wait until it has room, then run ``fn`` again while the step is still ours
+    (its lease may have expired meanwhile: then another epoch runs it and this one is stale)."""
+    while True:
+        try:
+            return _fate(rt, msg, fn)
+        except Exception as exc:
+            if not memory.is_full_error(exc):
+                raise
+            log.warning("%s %s waits: Redis is full", msg.kind, msg.step_id)
+            memory.wait_for_room(rt.client)
+            record = rt.ledger.load_step(msg.step_id)
+            if record is None or not record.held_by(rt.owner, msg.epoch):
+                log.info("%s %s epoch %d is no longer ours after the pause", msg.kind, msg.step_id, msg.epoch)
+                return StepOutcome.STALE, None
+
+
+def _fate(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[StepOutcome, Any]:
+    """:func:`_guarded`'s mapping; an error of a full Redis goes up to it, counted against no shape."""
     try:
         return StepOutcome.DONE, fn()
     except StaleStepError as exc:
@@ -287,6 +305,8 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[Step
         rt.placement.quarantine(rt.gpu.uuid, str(exc))
         return StepOutcome.QUARANTINED, None
     except RetryableError as exc:
+        if memory.is_full_error(exc):
+            raise
         log.warning("%s %s: retryable fault: %s", msg.kind, msg.step_id, exc)
         rt.ledger.fail(
             msg.step_id,
@@ -302,6 +322,8 @@ def _guarded(rt: Runtime, msg: StepMessage, fn: Callable[[], Any]) -> tuple[Step
         rt.ledger.fail(msg.step_id, msg.epoch, rt.owner, str(exc), terminal=True, max_failures=1)
         return StepOutcome.FAILED, None
     except Exception as exc:
+        if memory.is_full_error(exc):
+            raise
         log.exception("%s %s crashed", msg.kind, msg.step_id)
         rt.ledger.fail(
             msg.step_id,

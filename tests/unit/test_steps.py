@@ -18,7 +18,7 @@ from croqq.placement import registry
 from croqq.processes.redis_server import RedisServer
 from croqq.processes.runtime import Runtime
 from croqq.settings import Settings
-from croqq.work.steps import StepOutcome, run_step
+from croqq.work.steps import StepOutcome, _guarded, run_step
 
 GPU_TYPE = "sm90_Simulated_H100_SXM"
 
@@ -69,3 +69,29 @@ def test_outcomes_keep_the_words_redis_and_the_logs_hold() -> None:
     assert {str(c) for c in ClaimOutcome} == {"ok", "missing", "stale", "running", "done", "dropped"}
     assert {str(c) for c in ClaimOutcome} - {"ok"} <= {str(o) for o in StepOutcome}  # a refused claim
     assert f"{StepOutcome.REQUEUED}" == "requeued"
+
+
+def test_a_step_meeting_a_full_redis_runs_again_once_it_has_room_and_counts_no_failure(rt: Runtime) -> None:
+    record = first_step(rt)
+    assert rt.ledger.claim(record.step_id, 0, rt.owner, "implement", record.sid)[0] is ClaimOutcome.OK
+    msg = StepMessage.model_validate(message(record))
+    refusal = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+    calls: list[int] = []
+
+    def once_refused() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise refusal
+        return "result"
+
+    assert _guarded(rt, msg, once_refused) == (StepOutcome.DONE, "result")  # Redis has room: at once
+    assert len(calls) == 2
+    assert rt.client.hget(keys.step(record.step_id), "failures") is None
+
+    def refused() -> None:
+        raise refusal
+
+    rt.ledger.requeue(record.step_id, "its lease expired while Redis was full", expect_owner=rt.owner)
+    assert _guarded(rt, msg, refused) == (StepOutcome.STALE, None)  # no longer ours: dropped, not failed
+    assert rt.client.hget(keys.step(record.step_id), "failures") is None
+    assert rt.ledger.load_shape(record.sid).error == ""  # type: ignore[union-attr]  # not parked
