@@ -4,7 +4,12 @@ and an ideate worker whose agents would run unjailed raises the alarm ``agents_u
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +24,7 @@ from croqq.proposers.agent import jail
 from croqq.proposers.agent.presets import PRESETS
 from croqq.proposers.agent.proposer import AgentProposer
 from croqq.work import alarms
-from tests.agents import JAILS, MANIFEST, MODES, context, fixture_agent, settings
+from tests.agents import JAILS, MANIFEST, MODES, ROOT, context, fixture_agent, settings
 
 
 @pytest.fixture
@@ -89,3 +94,64 @@ def test_agents_run_unjailed_raise_an_alarm_that_a_working_jail_clears(
     _jail_alarm_after_one_beat(redis_server, redis_client, "none")
     alarms.raise_alarm(redis_client, jail.ALARM, "left by an earlier start of this worker")
     assert _jail_alarm_after_one_beat(redis_server, redis_client, mode) == []
+
+
+def _mode_with_path(tmp_path: Path, tools: list[str]) -> str:
+    """jail_mode(auto) in a fresh process whose PATH holds only ``tools`` (a machine without the others)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in tools:
+        (bin_dir / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    code = "from croqq.proposers.agent import jail; from croqq.settings import Settings; "
+    code += "print(jail.jail_mode(Settings()))"
+    env = {"PATH": str(bin_dir), "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_without_bubblewrap_auto_builds_the_jail_with_unshare_and_without_either_runs_unjailed(
+    tmp_path: Path,
+) -> None:
+    if not jail.unshare_works():
+        pytest.skip("this process cannot create mount and PID namespaces")
+    assert _mode_with_path(tmp_path, ["unshare"]) == "unshare"
+    assert _mode_with_path(tmp_path / "bare", []) == "none"
+
+
+def test_for_an_unprivileged_user_the_view_is_built_in_a_user_namespace(outside: Path) -> None:
+    """What ``auto`` runs for a worker that is not root: unshare with ``--user --map-root-user``."""
+    setpriv = shutil.which("setpriv")
+    nobody = [setpriv or "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    in_user_ns = [*nobody, "unshare", "--user", "--map-root-user"]
+    pythons = (sys.executable, "/usr/bin/python3")
+    python = next((p for p in pythons if setpriv and _runs_as(in_user_ns, [p, "-c", ""])), "")
+    if os.geteuid() != 0 or not python:
+        pytest.skip("needs root, setpriv, user namespaces and a Python an unprivileged user may run")
+    with tempfile.TemporaryDirectory(prefix="croqq-userns-") as top:  # pytest's tmp_path is root's only
+        Path(top).chmod(0o755)
+        launcher = Path(shutil.copy(jail.CONFINE, top))  # where the unprivileged user can read it
+        ws = Path(top) / "ws"
+        ws.mkdir(mode=0o777)
+        ws.chmod(0o777)
+        (ws / "best.cu").write_text("best\n")
+        view = [python, "-I", str(launcher), f"--view={ws}", "--ro=best.cu", "--"]
+        script = f"echo x > {outside}; echo y > best.cu; echo z > candidate.cu"
+        jailed = [*in_user_ns, *jail.UNSHARE, "--", *view, "sh", "-c", script]
+        done = subprocess.run(jailed, cwd=ws, capture_output=True, text=True, timeout=60, check=False)
+        assert (ws / "candidate.cu").exists(), done.stderr
+        assert (ws / "best.cu").read_text() == "best\n" and not outside.exists(), done.stderr
+
+
+def _runs_as(user: list[str], command: list[str]) -> bool:
+    try:
+        return subprocess.run([*user, *command], capture_output=True, timeout=60, check=False).returncode == 0
+    except OSError:
+        return False

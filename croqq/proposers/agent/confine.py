@@ -26,10 +26,17 @@ from pathlib import Path
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-KEEP_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+KEEP_FLAGS = {  # a remount keeps these (in a user namespace, dropping one is refused)
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": 1024,
+    "nodiratime": 2048,
+    "relatime": 1 << 21,
+}
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 PROC_RO = ("sys", "sysrq-trigger", "irq", "bus")  # what bwrap also makes read-only in its /proc
-DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 CPU_KILL_AFTER_S = 5  # SIGXCPU at the limit, SIGKILL this much later
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -68,10 +75,12 @@ def build_view(workspace: str, read_only: list[str]) -> None:
     """The bwrap-equivalent view, in this (fresh) mount namespace."""
     _mount("", "/", None, MS_REC | MS_PRIVATE)
     _mount(workspace, workspace, None, MS_BIND | MS_REC)
+    host_dev = os.open("/dev", os.O_PATH)  # the host's /dev, still reachable once covered
     _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "mode=0755,size=65536k")
-    for name, (major, minor) in DEVICES.items():
-        os.mknod(f"/dev/{name}", 0o20666, os.makedev(major, minor))
-        os.chmod(f"/dev/{name}", 0o666)
+    for name in DEVICES:  # bound from the host's nodes: mknod is refused in a user namespace
+        Path(f"/dev/{name}").touch()
+        _mount(f"/proc/self/fd/{host_dev}/{name}", f"/dev/{name}", None, MS_BIND)
+    os.close(host_dev)
     os.mkdir("/dev/shm", 0o1777)
     os.chmod("/dev/shm", 0o1777)
     for i, name in enumerate(("stdin", "stdout", "stderr")):

@@ -75,7 +75,8 @@ def unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
     with tempfile.TemporaryDirectory(prefix="croqq-jail-probe-") as ws:
-        return _probe([*_unshare(), "--", sys.executable, "-I", str(CONFINE), f"--view={ws}", "--", "true"])
+        view = [sys.executable, "-I", str(CONFINE), f"--view={ws}"]
+        return _probe([*_unshare(), "--", *view, "--", sys.executable, "-I", "-c", ""])
 
 
 def _unshare(net: bool = False) -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import signal
 import uuid
@@ -28,6 +29,7 @@ from pathlib import Path
 from croqq.patience import wait_until
 from croqq.settings import Settings
 
+log = logging.getLogger(__name__)
 MIB = 1 << 20
 CONTROLLERS = ("pids", "memory")
 
@@ -153,7 +155,10 @@ class Cgroup:
             return not self._pids()
 
         if self.folders:
-            wait_until(gone, 30, "the agent's processes to die", every_s=0.05)
+            try:
+                wait_until(gone, 30, "the agent's processes to die", every_s=0.05)
+            except TimeoutError as exc:  # a process stuck in the kernel: its cgroup stays behind
+                log.warning("%s: %s left", exc, ", ".join(map(str, self.procs_files())))
 
     def remove(self) -> None:
         """Kill what is left, then remove the folders (a folder with a process in it cannot go)."""
