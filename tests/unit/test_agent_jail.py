@@ -45,6 +45,17 @@ def test_jailed_an_agent_writes_its_workspace_but_nothing_outside_it(mode: str, 
         assert "outside write refused (Read-only file system)" in answer.summary
 
 
+@pytest.mark.parametrize("mode", JAILS)
+def test_jailed_an_agent_has_no_capabilities_and_cannot_set_a_sysctl(mode: str) -> None:
+    """Even as root: no capability to remount its view writable, and /proc/sys read-only."""
+    printk = Path("/proc/sys/kernel/printk")
+    before = printk.read_text()
+    answer = AgentProposer(MANIFEST, fixture_agent("escape.py", printk, agent_jail=mode)).propose(context())
+    assert isinstance(answer, Idea), answer
+    assert "outside write refused (Read-only file system); CapEff 0000000000000000" in answer.summary
+    assert printk.read_text() == before
+
+
 @pytest.fixture
 def listener() -> Iterator[int]:
     with socket.create_server(("127.0.0.1", 0)) as server:

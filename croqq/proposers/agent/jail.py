@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from croqq.proposers.agent import contract as c
+from croqq.proposers.agent.confine import PROC_RO as PROC_READ_ONLY
 from croqq.proposers.agent.limits import Cgroup, Limits, enforcement, launcher_args, limit_hit
 from croqq.proposers.agent.presets import AgentRun, Preset
 from croqq.settings import Settings
@@ -148,13 +149,15 @@ def agent_env(preset: Preset, workspace: Path) -> dict[str, str]:
 def bwrap_prefix(workspace: Path, net: bool = False) -> list[str]:
     ws = str(workspace)
     args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for name in PROC_READ_ONLY:  # root may write them (sysctls): read-only, as confine.py does
+        args += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
     args += ["--bind", ws, ws]
     for name in READ_ONLY:
         path = workspace / name
         if path.exists():
             args += ["--ro-bind", str(path), str(path)]
     isolate = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", *(["--unshare-net"] if net else [])]
-    return [*args, "--chdir", ws, *isolate, "--die-with-parent"]
+    return [*args, "--chdir", ws, *isolate, "--cap-drop", "ALL", "--die-with-parent"]
 
 
 def command(argv: Sequence[str], workspace: Path, mode: str, net: bool, confine: list[str]) -> list[str]:
