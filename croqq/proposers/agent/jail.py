@@ -255,5 +255,5 @@ def _run(
         wall_s=round(wall, 3),
         timed_out=timed_out,
         truncated=over[0],
-        limit=limit_hit(limits, group.hit(), exit_code, stderr) if failed else "",
+        limit=limit_hit(limits, group, exit_code, stderr) if failed else "",
     )

@@ -126,10 +126,10 @@ class Cgroup:
         return 0
 
     def hit(self) -> set[str]:
-        """The cgroup limits the run reached: "processes" (a fork refused), "memory" (an OOM kill)."""
+        """The controllers whose limit the run reached: "pids" (a fork refused), "memory" (an OOM kill)."""
         found = set()
         if self._counter("pids", "pids.events", "pids.events", "max"):
-            found.add("processes")
+            found.add("pids")
         if self._counter("memory", "memory.oom_control", "memory.events", "oom_kill"):
             found.add("memory")
         return found
@@ -218,23 +218,27 @@ def launcher_args(limits: Limits, group: Cgroup) -> list[str]:
 
 
 _MEMORY_WORDS = ("MemoryError", "Cannot allocate memory", "out of memory", "std::bad_alloc")
-_FORK_WORDS = ("fork: retry", "fork: Resource temporarily unavailable", "BlockingIOError")
+_FORK_WORDS = ("fork: retry", "fork: Resource temporarily unavailable", "BlockingIOError: [Errno 11]")
 
 
-def limit_hit(limits: Limits, hit: set[str], exit_code: int | None, stderr: str) -> str:
-    """Which limit stopped a failed run, in words ("" when none is evident). Signals come as -N
-    (unjailed) or 128+N (through a jail or a shell)."""
+def limit_hit(limits: Limits, group: Cgroup, exit_code: int | None, stderr: str) -> str:
+    """Which limit stopped a failed run, in words ("" when none is evident): the cgroup's counters where
+    it holds the limit, else the error the refused call printed; signals as -N (unjailed) or 128+N (a
+    shell's way)."""
     signals = {-exit_code, exit_code - 128} if exit_code is not None else set()
-    if "processes" in hit:
+    hit = group.hit()
+
+    def reached(controller: str, words: tuple[str, ...]) -> bool:
+        if group.has(controller):
+            return controller in hit
+        return any(word in stderr for word in words)
+
+    if limits.max_procs and reached("pids", _FORK_WORDS):
         return f"process limit ({limits.max_procs} processes)"
-    if "memory" in hit:
+    if limits.memory_mb and reached("memory", _MEMORY_WORDS):
         return f"memory limit ({limits.memory_mb} MiB)"
     if limits.cpu_s and signal.SIGXCPU in signals:
         return f"CPU time limit ({limits.cpu_s} s)"
     if limits.max_file_mb and (signal.SIGXFSZ in signals or "File too large" in stderr):
         return f"file size limit ({limits.max_file_mb} MiB)"
-    if limits.memory_mb and any(word in stderr for word in _MEMORY_WORDS):
-        return f"memory limit ({limits.memory_mb} MiB)"
-    if limits.max_procs and any(word in stderr for word in _FORK_WORDS):
-        return f"process limit ({limits.max_procs} processes)"
     return ""
