@@ -38,7 +38,7 @@ from typing import IO
 from croqq.proposers.agent import contract as c
 from croqq.proposers.agent.confine import PROC_RO as PROC_READ_ONLY
 from croqq.proposers.agent.limits import Cgroup, Limits, enforcement, launcher_args, limit_hit
-from croqq.proposers.agent.presets import AgentRun, Preset
+from croqq.proposers.agent.presets import AgentRun, Network, Preset
 from croqq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def unjailed_reason(settings: Settings) -> str:
     )
 
 
-def network(preset: Preset, settings: Settings) -> str:
+def network(preset: Preset, settings: Settings) -> Network:
     """``none`` (no network at all) or ``host``: CROQQ_AGENT_NETWORK, else the preset's policy."""
     return preset.network if settings.agent_network == "preset" else settings.agent_network
 

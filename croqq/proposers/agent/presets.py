@@ -33,13 +33,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from croqq.errors import ConfigError
 from croqq.proposers.agent.contract import BEST, CANDIDATE, CONTEXT, HISTORY, IDEAS, SCRATCH
 from croqq.settings import Settings
 
 LINE_MAX = 300  # error and summary lines
+Network = Literal["none", "host"]
 SCRIPTED = Path(__file__).resolve().parent / "scripted.py"
 
 _PLACEHOLDER = re.compile(r"\{(prompt|workspace|model|prompt_file)\}")
@@ -93,7 +94,7 @@ class Preset:
     env: tuple[str, ...]  # environment variable names passed through to the agent
     exit_codes: Mapping[int, str]  # known exit codes -> meaning
     output: str  # a key of _PARSERS
-    network: str = "host"  # "none": no network at all (jailed); "host": the host's (an API agent's endpoint)
+    network: Network = "host"  # "none": no network at all (jailed); "host": the host's (an API endpoint)
 
     def command(self, prompt: str, workspace: Path, model: str, prompt_file: Path) -> list[str]:
         """The argv to run (no shell): the template with its placeholders filled in."""
@@ -303,7 +304,9 @@ _PARSERS: Mapping[str, Callable[[str], _Parsed | None]] = MappingProxyType(
 # -- the table ----------------------------------------------------------------------------------------
 
 
-def _preset(name: str, command: str, env: str, output: str, network: str = "host", **codes: str) -> Preset:
+def _preset(
+    name: str, command: str, env: str, output: str, network: Network = "host", **codes: str
+) -> Preset:
     """A table row: the command line as in the CLI's docs (split like a shell), the env names, the
     output format, the network policy and extra exit codes as ``_42="bad input"``."""
     executable, *argv = shlex.split(command)
