@@ -126,9 +126,25 @@ class Settings(BaseSettings):
     agent_env: str = Field(
         "", description="Extra environment variable names handed to the agent (comma-separated)."
     )
-    agent_jail: Literal["auto", "bwrap", "none"] = Field(
-        "auto", description="Mount-namespace jail (only the workspace writable): bwrap when found."
+    agent_jail: Literal["auto", "bwrap", "unshare", "none"] = Field(
+        "auto",
+        description="Mount-namespace jail (only the workspace writable): auto is bwrap where it works, else "
+        "unshare (croqq builds the same view), else none (said at start-up and raised as an alarm).",
     )
+    agent_network: Literal["preset", "none", "host"] = Field(
+        "preset",
+        description="The agent's network (jailed only): none, host, or its preset's (scripted: none).",
+    )
+    agent_cpu_s: int = Field(900, ge=0, description="CPU seconds per agent process (RLIMIT_CPU; 0: none).")
+    agent_memory_mb: int = Field(
+        4096, ge=0, description="Memory of one agent run, MiB (its cgroup, else RLIMIT_AS; 0: none)."
+    )
+    agent_max_procs: int = Field(
+        512,
+        ge=0,
+        description="Processes and threads of one agent run (its cgroup, else RLIMIT_NPROC; 0: none).",
+    )
+    agent_max_file_mb: int = Field(256, ge=0, description="Largest file an agent may write, MiB (0: none).")
     agent_max_output_bytes: int = Field(4 << 20, ge=1024, description="Agent stdout/stderr kept.")
     agent_max_source_bytes: int = Field(1 << 20, ge=1024, description="Largest candidate accepted.")
     agent_backoff_after: int = Field(3, ge=1, description="Consecutive agent failures before back-off.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -13,6 +15,9 @@ from croqq.cli.common import load_settings
 from croqq.delivery import queues
 from croqq.logs import configure
 from croqq.settings import Settings
+
+if TYPE_CHECKING:
+    from croqq.delivery.leases import Heartbeat
 
 LogLevel = typer.Option("INFO", "--log-level", help="DEBUG | INFO | WARNING | ERROR.")
 
@@ -33,11 +38,37 @@ def coordinator(log_level: str = LogLevel) -> None:
     run_celery_worker(load_settings(), "coordinator", queues.CONTROL, "solo", 1, log_level)
 
 
-def _shared_worker(role: str, queue: str, pool: str, concurrency: int, log_level: str) -> None:
+def _shared_worker(
+    role: str, queue: str, pool: str, concurrency: int, log_level: str, jail_alarm: bool = False
+) -> None:
     from croqq.processes.boot import run_celery_worker
 
     _prepare(log_level)
-    run_celery_worker(load_settings(), role, queue, pool, concurrency, log_level)
+    settings = load_settings()
+    beats, on_exit = _jail_alarm(settings) if jail_alarm else (None, None)
+    run_celery_worker(settings, role, queue, pool, concurrency, log_level, extra_beats=beats, on_exit=on_exit)
+
+
+def _jail_alarm(settings: Settings) -> tuple[Callable[[Heartbeat], None], Callable[[], None]]:
+    """An ideate worker that runs agents keeps the alarm ``agents_unjailed`` raised while they run
+    without a jail on its host (cleared when a jail works, and when the worker stops)."""
+    from croqq.delivery.redis_client import connect
+    from croqq.proposers.agent import jail
+    from croqq.work import alarms
+
+    client = connect(settings)
+    message = jail.unjailed_reason(settings) if jail.jail_mode(settings) == "none" else ""
+
+    def beat() -> None:
+        if message:
+            alarms.raise_alarm(client, jail.ALARM, message)
+        else:
+            alarms.clear_alarm(client, jail.ALARM)
+
+    def clear() -> None:
+        alarms.clear_alarm(client, jail.ALARM)
+
+    return (lambda hb: hb.add("jail", beat)), clear
 
 
 @app.command("build-worker")
@@ -68,8 +99,10 @@ def ideate_worker(
     from croqq.proposers import make_proposer
 
     settings = load_settings()
-    make_proposer(settings, load_manifest(settings.manifest)).check_ready()
-    _shared_worker("ideate", queues.IDEATE, "threads", concurrency or settings.ideate_concurrency, log_level)
+    proposer = make_proposer(settings, load_manifest(settings.manifest))
+    proposer.check_ready()
+    concurrency = concurrency or settings.ideate_concurrency
+    _shared_worker("ideate", queues.IDEATE, "threads", concurrency, log_level, jail_alarm=proposer.is_agent)
 
 
 @app.command()

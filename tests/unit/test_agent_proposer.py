@@ -12,57 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from croqq.backends.toolchain import knob_candidate
-from croqq.domain.knobs import seed_knobs
-from croqq.domain.manifest import load_manifest
-from croqq.domain.records import HistoryEntry, Idea, Rejection
-from croqq.domain.shapes import Shape
-from croqq.proposers._base import ProposeContext
-from croqq.proposers.agent import jail
+from croqq.domain.records import Idea, Rejection
 from croqq.proposers.agent.proposer import AgentProposer
-from croqq.settings import Settings
+from tests.agents import JAILS, MANIFEST, MODES, context, settings
 from tests.output import error_line
-
-ROOT = Path(__file__).resolve().parents[2]
-SHAPE = Shape(dtype="f16", m=4096, n=8192, k=4096)
-MANIFEST = load_manifest(ROOT / "kernels" / "manifest.json")
-PASS_ENV = "CROQQ_SCRIPTED_MISBEHAVE,CROQQ_SCRIPTED_TARGET"
-
-
-def settings(**kw: object) -> Settings:
-    base: dict[str, object] = {"proposer": "agent", "agent": "scripted", "agent_env": PASS_ENV}
-    return Settings(**(base | kw))  # type: ignore[arg-type]
-
-
-def context(phase: str = "knobs", tried: list[str] | None = None) -> ProposeContext:
-    knobs = seed_knobs(MANIFEST, "cuda", "f16", "reference")
-    best = knob_candidate(MANIFEST, Settings(), "cuda", SHAPE, knobs)
-    history = [
-        HistoryEntry(iteration=0, summary="baseline (seed kernel)", decision="BASELINE", tflops=400.0),
-        HistoryEntry(
-            iteration=1, summary="raise STAGES 4->5", decision="DISCARD", tflops=390.0, change="knobs"
-        ),
-    ]
-    return ProposeContext(
-        shape=SHAPE,
-        dsl="cuda",
-        gpu_type="sm90_Simulated_H100_SXM",
-        iteration=2,
-        knob_space=MANIFEST.dsl("cuda").knobs,
-        best_knobs=knobs,
-        best_source=best.source,
-        best_tflops=400.0,
-        baseline_tflops=400.0,
-        peak_tflops=989.4,
-        strategy="refine",
-        consecutive_discards=1,
-        phase=phase,  # type: ignore[arg-type]
-        phase_reason="test",
-        bottleneck="memory",
-        profile_metrics={"dram__throughput.avg.pct_of_peak_sustained_elapsed": 81.0},
-        tried=tried or [best.content_hash],
-        history=history,
-    )
 
 
 def propose(monkeypatch: pytest.MonkeyPatch, misbehave: str = "", **kw: object) -> Idea | Rejection:
@@ -73,8 +26,11 @@ def propose(monkeypatch: pytest.MonkeyPatch, misbehave: str = "", **kw: object) 
     return AgentProposer(MANIFEST, settings(**kw)).propose(context())
 
 
-def test_a_good_answer_is_an_idea_with_its_source_and_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    idea = propose(monkeypatch)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_good_answer_is_an_idea_with_its_source_and_usage(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    idea = propose(monkeypatch, agent_jail=mode)
     assert isinstance(idea, Idea), idea
     assert idea.proposer == "scripted" and idea.change == "knobs" and idea.phase == "knobs"
     assert '#include "gemm_f16.cuh"' in idea.source and idea.summary
@@ -116,14 +72,16 @@ def test_bad_answers_are_rejected_in_one_line(
     assert answer.agent is not None  # the call's usage is kept even when it failed
 
 
-def test_a_modified_provided_file_is_refused_and_jailed_it_cannot_even_be_written(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_modified_provided_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     answer = propose(monkeypatch, "modify", agent_jail="none")
     assert isinstance(answer, Rejection) and answer.kind == "check" and "modified best.cu" in answer.reason
-    if jail.bwrap_works():
-        jailed = propose(monkeypatch, "modify", agent_jail="bwrap")
-        assert isinstance(jailed, Rejection) and jailed.kind == "agent"  # its write failed: read-only
+
+
+@pytest.mark.parametrize("mode", JAILS)
+def test_jailed_a_provided_file_cannot_even_be_written(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    jailed = propose(monkeypatch, "modify", agent_jail=mode)
+    assert isinstance(jailed, Rejection) and jailed.kind == "agent", jailed  # its write failed: read-only
+    assert "Read-only file system" in jailed.reason, jailed.reason
 
 
 def test_an_agent_that_loops_forever_is_killed_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,16 +92,14 @@ def test_an_agent_that_loops_forever_is_killed_at_its_timeout(monkeypatch: pytes
     assert "timed out" in answer.reason and time.monotonic() - started < 300
 
 
-@pytest.mark.skipif(
-    not jail.bwrap_works(), reason="bubblewrap cannot build a namespace here (.ci/run installs it)"
-)
+@pytest.mark.parametrize("mode", JAILS)
 def test_a_write_through_a_symlink_out_of_the_workspace_changes_nothing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str
 ) -> None:
     target = tmp_path / "outside.txt"
     target.write_text("untouched\n")
     monkeypatch.setenv("CROQQ_SCRIPTED_TARGET", str(target))
-    answer = propose(monkeypatch, "symlink")
+    answer = propose(monkeypatch, "symlink", agent_jail=mode)
     assert isinstance(answer, Rejection) and "agent scripted" in answer.reason
     assert target.read_text() == "untouched\n"
 
@@ -208,11 +164,17 @@ def test_the_worker_says_once_at_start_up_when_agents_run_without_a_jail(
     with caplog.at_level("INFO", logger="croqq.proposers.agent.jail"):
         AgentProposer(MANIFEST, settings(agent_jail="none")).check_ready()
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "WITHOUT a mount-namespace jail" in warnings[0].getMessage()
-    if jail.bwrap_works():
-        caplog.clear()
-        with caplog.at_level("INFO", logger="croqq.proposers.agent.jail"):
-            AgentProposer(MANIFEST, settings(agent_jail="auto")).check_ready()
-        assert [r.getMessage() for r in caplog.records] == [
-            "agents run jailed with bubblewrap: only their workspace is writable"
-        ]
+    assert len(warnings) == 1 and "WITHOUT a jail" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("mode", JAILS)
+def test_the_worker_says_at_start_up_how_agents_are_jailed_and_limited(
+    caplog: pytest.LogCaptureFixture, mode: str
+) -> None:
+    with caplog.at_level("INFO", logger="croqq.proposers.agent.jail"):
+        AgentProposer(MANIFEST, settings(agent_jail=mode)).check_ready()
+    lines = [r.getMessage() for r in caplog.records]
+    tool = {"bwrap": "bubblewrap", "unshare": "unshare"}[mode]
+    assert lines[0] == f"agents run jailed with {tool}: only their workspace is writable"
+    assert lines[1].startswith("agent limits: cpu by RLIMIT_CPU, memory by "), lines
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -33,13 +33,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 from croqq.errors import ConfigError
 from croqq.proposers.agent.contract import BEST, CANDIDATE, CONTEXT, HISTORY, IDEAS, SCRATCH
 from croqq.settings import Settings
 
 LINE_MAX = 300  # error and summary lines
+Network = Literal["none", "host"]
 SCRIPTED = Path(__file__).resolve().parent / "scripted.py"
 
 _PLACEHOLDER = re.compile(r"\{(prompt|workspace|model|prompt_file)\}")
@@ -57,6 +58,7 @@ class AgentRun:
     wall_s: float
     timed_out: bool = False
     truncated: bool = False
+    limit: str = ""  # the resource limit that stopped it, in words ("process limit (64 processes)")
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Preset:
     env: tuple[str, ...]  # environment variable names passed through to the agent
     exit_codes: Mapping[int, str]  # known exit codes -> meaning
     output: str  # a key of _PARSERS
+    network: Network = "host"  # "none": no network at all (jailed); "host": the host's (an API endpoint)
 
     def command(self, prompt: str, workspace: Path, model: str, prompt_file: Path) -> list[str]:
         """The argv to run (no shell): the template with its placeholders filled in."""
@@ -141,6 +144,8 @@ class Preset:
             error = f"{self.name} reported failure: {parsed.error}"
         else:
             error = ""
+        if error and run.limit:
+            error = f"{self.name} hit its {run.limit}; {error.removeprefix(self.name + ' ')}"
         return AgentReport(
             ok=not error,
             error=_one_line(error)[:LINE_MAX],
@@ -299,12 +304,16 @@ _PARSERS: Mapping[str, Callable[[str], _Parsed | None]] = MappingProxyType(
 # -- the table ----------------------------------------------------------------------------------------
 
 
-def _preset(name: str, command: str, env: str, output: str, **codes: str) -> Preset:
+def _preset(
+    name: str, command: str, env: str, output: str, network: Network = "host", **codes: str
+) -> Preset:
     """A table row: the command line as in the CLI's docs (split like a shell), the env names, the
-    output format and extra exit codes as ``_42="bad input"``."""
+    output format, the network policy and extra exit codes as ``_42="bad input"``."""
     executable, *argv = shlex.split(command)
     exit_codes = {0: "success", 1: "error", **{int(k.lstrip("_")): v for k, v in codes.items()}}
-    return Preset(name, executable, tuple(argv), tuple(env.split()), MappingProxyType(exit_codes), output)
+    return Preset(
+        name, executable, tuple(argv), tuple(env.split()), MappingProxyType(exit_codes), output, network
+    )
 
 
 _OPTIONAL_MODEL = "'[--model {model}]'"
@@ -361,7 +370,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 env="OPENAI_API_KEY ANTHROPIC_API_KEY",
                 output="aider-text",
             ),
-            _preset("scripted", shlex.join([sys.executable, "-I", str(SCRIPTED)]), env="", output="text"),
+            _preset(
+                "scripted",
+                shlex.join([sys.executable, "-I", str(SCRIPTED)]),
+                env="",
+                output="text",
+                network="none",
+            ),
         )
     }
 )
