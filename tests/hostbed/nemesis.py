@@ -62,7 +62,7 @@ WEIGHTS = {"partition": 4, "kill": 5, "redis_restart": 1, "clock_skew": 1}
 MEAN_GAP_S = 6.0  # mean time between two fault starts (they last longer than that: they overlap)
 SETTLE_S = 5.0  # the sweep runs this long before the first fault
 ITERATIONS_PER_MINUTE = 20  # per shape on an idle 2-core machine: sizes a sweep that outlasts the faults
-DONE_TIMEOUT_S = 900.0  # unloaded seconds for the sweep to finish after the heal
+DONE_TIMEOUT_S = 900.0  # unloaded seconds for the sweep to finish after the heal (at least the faults' time)
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,9 @@ class Report:
     lost: int = 0
     duplicated: int = 0
     epochs_checked: int = 0
+    redispatched: int = (
+        0  # steps handed to another worker at a new epoch (their old holder's result is stale)
+    )
     in_flight_at_heal: bool = False
     stored_at_heal: int = 0
     heal_to_next_stored_s: float | None = None
@@ -108,7 +111,8 @@ class Report:
         return (
             f"nemesis seed {self.seed}: {len(self.faults)} faults over {self.duration_s:.0f}s ({kinds}); "
             f"{self.shapes} shapes x {self.max_iter + 1} iterations: stored {self.stored}/{self.expected}, "
-            f"lost {self.lost}, duplicated {self.duplicated}, epochs checked {self.epochs_checked}; "
+            f"lost {self.lost}, duplicated {self.duplicated}, epochs checked {self.epochs_checked} "
+            f"({self.redispatched} steps re-dispatched at a new epoch); "
             f"heal to next stored {heal} (sweep in flight at the heal: {self.in_flight_at_heal}, "
             f"{self.stored_at_heal} stored by then); "
             f"{len(self.problems)} problem(s)"
@@ -287,6 +291,7 @@ def check(fleet: Fleet, submission: str, max_iter: int, report: Report) -> None:
         n - 1 for n in rows.values() if n > 1
     )
     report.epochs_checked, wrong = epoch_problems(fleet.repo, fleet.client)
+    report.redispatched = int(fleet.client.hget(keys.STATS, "redispatch") or 0)
     report.problems += wrong
     done = fleet.run("writer", "validate", "--dsl", "all")
     if done.returncode != 0:
@@ -328,10 +333,12 @@ def run(
         healed, at_heal = time.monotonic(), _stored(fleet)
         report.stored_at_heal = at_heal
         report.in_flight_at_heal = not _all_done(fleet, submission)
-        deadline = Deadline(DONE_TIMEOUT_S)
-        while not _all_done(fleet, submission) and not deadline.expired():
+        deadline = Deadline(max(DONE_TIMEOUT_S, duration_s))
+        while True:  # no `croqq retry`, no human: the fleet finishes the sweep on its own
             if report.heal_to_next_stored_s is None and _stored(fleet) > at_heal:
                 report.heal_to_next_stored_s = round(time.monotonic() - healed, 2)
+            if _all_done(fleet, submission) or deadline.expired():
+                break
             time.sleep(0.2)
         report.heal_to_done_s = round(time.monotonic() - healed, 2)
         check(fleet, submission, max_iter, report)
