@@ -170,13 +170,15 @@ class Nemesis:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
-    def play(self, schedule: list[Planned]) -> None:
+    def play(self, schedule: list[Planned], until: float) -> None:
+        """Start each fault at its time, end it after its hold, up to ``until`` s (then :meth:`heal`)."""
         self._t0 = time.monotonic()
         for item in schedule:
             self._close_due(item.at)
             self._sleep_until(item.at)
             self._open(item)
-        self._close_due(float("inf"), wait=False)
+        self._close_due(until)
+        self._sleep_until(until)
 
     def heal(self) -> None:
         """Close every fault still open, now."""
@@ -325,7 +327,7 @@ def run(
         time.sleep(SETTLE_S)
         nemesis = Nemesis(fleet, log)
         try:
-            nemesis.play(schedule)
+            nemesis.play(schedule, duration_s)
         finally:
             nemesis.heal()
             report.faults = nemesis.history
