@@ -50,13 +50,15 @@ from tests.hostbed.bed import faketime_available
 from tests.hostbed.fleet import GPU_HOSTS, Fleet, FleetConfig
 
 JOINER = "gpu3"
-KILLABLE = {  # process kind -> (host, the croqq subcommand it runs)
-    "gpu-worker": ("gpu", "worker"),
-    "writer": ("writer", "writer"),
-    "coordinator": ("build", "coordinator"),
-    "beat": ("build", "beat"),
-    "build-worker": ("build", "build-worker"),
-    "ideate-worker": ("build", "ideate-worker"),
+KILLABLE = {  # process kind -> (host, the croqq subcommand it runs, which of them: main | child | all)
+    "gpu-supervisor": ("gpu", "worker", "all"),  # `croqq worker`: its GPU workers die with it (PDEATHSIG)
+    "gpu-main": ("gpu", "gpu-worker", "main"),  # one Celery worker per GPU, its pool child with it
+    "gpu-child": ("gpu", "gpu-worker", "child"),  # the pool child running the GPU step, alone
+    "writer": ("writer", "writer", "all"),
+    "coordinator": ("build", "coordinator", "all"),
+    "beat": ("build", "beat", "all"),
+    "build-worker": ("build", "build-worker", "all"),
+    "ideate-worker": ("build", "ideate-worker", "all"),
 }
 WEIGHTS = {"partition": 4, "kill": 5, "redis_restart": 1, "clock_skew": 1}
 MEAN_GAP_S = 6.0  # mean time between two fault starts (they last longer than that: they overlap)
@@ -229,7 +231,8 @@ class Nemesis:
 
     def _kill(self, item: Planned) -> None:
         proc, _, name = item.target.partition("@")
-        for pid in _croqq_pids(self.fleet.bed.host(name).ps(), KILLABLE[proc][1]):
+        _, command, which = KILLABLE[proc]
+        for pid in _croqq_pids(self.fleet.bed.host(name).ps(), command, which):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -266,15 +269,24 @@ class Nemesis:
         self.fleet.add_gpu_host(item.target)
 
 
-def _croqq_pids(ps: dict[int, str], command: str) -> list[int]:
-    """The processes of ``python -m croqq <command>`` (its pool children too), not its restart loop."""
-    out = []
+def _croqq_pids(ps: dict[int, str], command: str, which: str = "all") -> list[int]:
+    """The processes of ``python -m croqq <command>`` (not its restart loop): ``main`` those whose parent
+    is not one of them, ``child`` those whose parent is (a Celery pool child), ``all`` both."""
+    mine = set()
     for pid, cmdline in ps.items():
         words = cmdline.split()
-        at = words.index("croqq") + 1 if "croqq" in words and words[0] != "sh" else 0
-        if at and at < len(words) and words[at] == command:
-            out.append(pid)
-    return out
+        if words[1:4] == ["-m", "croqq", command]:  # <python> -m croqq <command> ...
+            mine.add(pid)
+    if which == "all":
+        return sorted(mine)
+    return sorted(pid for pid in mine if (_ppid(pid) in mine) == (which == "child"))
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _stored(fleet: Fleet) -> int:
