@@ -45,6 +45,7 @@ from pathlib import Path
 from croqq.chaos.invariants import epoch_problems, iteration_commits, stored_iterations
 from croqq.delivery import keys
 from croqq.patience import Deadline
+from croqq.work import alarms
 from croqq.work.progress import submission_sids
 from tests.hostbed.bed import faketime_available
 from tests.hostbed.fleet import GPU_HOSTS, Fleet, FleetConfig
@@ -105,6 +106,7 @@ class Report:
     stored_at_heal: int = 0
     heal_to_next_stored_s: float | None = None
     heal_to_done_s: float | None = None
+    alarms: list[str] = field(default_factory=list)  # raised and still active at the end (croqq status)
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -116,7 +118,7 @@ class Report:
             f"lost {self.lost}, duplicated {self.duplicated}, epochs checked {self.epochs_checked} "
             f"({self.redispatched} steps re-dispatched at a new epoch); "
             f"heal to next stored {heal} (sweep in flight at the heal: {self.in_flight_at_heal}, "
-            f"{self.stored_at_heal} stored by then); "
+            f"{self.stored_at_heal} stored by then); {len(self.alarms)} alarm(s) at the end; "
             f"{len(self.problems)} problem(s)"
         )
 
@@ -306,6 +308,7 @@ def check(fleet: Fleet, submission: str, max_iter: int, report: Report) -> None:
     )
     report.epochs_checked, wrong = epoch_problems(fleet.repo, fleet.client)
     report.redispatched = int(fleet.client.hget(keys.STATS, "redispatch") or 0)
+    report.alarms = [f"{a.field}: {a.message}" for a in alarms.active(fleet.client)]
     report.problems += wrong
     done = fleet.run("writer", "validate", "--dsl", "all")
     if done.returncode != 0:
@@ -392,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    for alarm in report.alarms:
+        print(f"alarm at the end: {alarm}")
     for problem in report.problems:
         print(f"problem: {problem}", file=sys.stderr)
     if report.problems:
