@@ -371,6 +371,10 @@ def _all_done(fleet: Fleet, submission: str) -> bool:
     return bool(sids) and all(s.get("status") in ("done", "error") for s in summaries)
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)  # a soak run's log is followed as it goes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.hostbed.nemesis", description=__doc__.split("\n")[0]
@@ -387,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     root = Path(tempfile.mkdtemp(prefix="cqnemesis-"))
     try:
-        report = run(root, seed, args.minutes * 60, args.shapes, args.max_iter)
+        report = run(root, seed, args.minutes * 60, args.shapes, args.max_iter, log=_say)
     finally:
         if args.keep:
             print(f"bed kept in {root}")
