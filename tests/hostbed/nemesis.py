@@ -2,10 +2,10 @@
 and a checker over the whole history (the Jepsen way).
 
 :func:`plan` draws a schedule from a seed and a duration: partitions of any host (Redis's and the
-writer's included), SIGKILLs of any kind of croqq process (GPU worker, build, ideate, coordinator, beat,
-writer), Redis stopped and restarted (its AOF replayed), a host's clock skewed (the host rebooted under
-libfaketime, and again without it at the fault's end), one GPU host lost for good (powered off, never back)
-and a new GPU host joining.
+writer's included), SIGKILLs of any kind of croqq process (a GPU host's supervisor, a GPU's Celery worker
+or just its pool child, build, ideate, coordinator, beat, writer), Redis stopped and restarted (its AOF
+replayed), a host's clock skewed (the host rebooted under libfaketime, and again without it at the fault's
+end), one GPU host lost for good (powered off, never back) and a new GPU host joining.
 Faults overlap freely, and one *storm* is always in the schedule: a GPU host partitioned while Redis restarts
 while the writer is killed. The same seed gives the same schedule; the run prints it.
 
@@ -334,8 +334,9 @@ def run(
     schedule = plan(seed, duration_s, skew)
     if max_iter is None:
         max_iter = max(6, int(ITERATIONS_PER_MINUTE * (SETTLE_S + duration_s) / 60))
-    log(f"nemesis seed {seed}: {len(schedule)} faults over {duration_s:.0f}s, {shapes} shapes x {max_iter} "
-        f"iterations{'' if skew else ' (no clock skew: ' + str(faketime_available()) + ')'}")  # fmt: skip
+    no_skew = "" if skew else f" (no clock skew: {faketime_available()})"
+    log(f"nemesis seed {seed}: {len(schedule)} faults over {duration_s:.0f}s, {shapes} shapes x "
+        f"{max_iter + 1} iterations{no_skew}")  # fmt: skip
     report = Report(seed, duration_s, shapes, max_iter, [], {})
     with Fleet(root, "nemesis", FleetConfig()) as fleet:
         submission = fleet.submit(max_iter=max_iter, limit=shapes)
