@@ -8,6 +8,15 @@ iterations), and ``git fsck`` clean.
 
 Live (``live_problems``): after reconciliation no lease is held by a dead process and no running step's
 lease is overdue.
+
+Epochs (``epoch_problems``), over the repo and the step ledger together: each stored iteration's STORE step
+is in the ledger, done, at an epoch no older than the one its record carries; and its measurement was taken
+under the epoch of the GPU step that was accepted. A measurement does not carry its epoch, but it carries
+when its GPU step started (``MeasureResult.gpu_started_at``, Redis's clock) and on which GPU: the GPU step
+that precedes a STORE (the shape's step number before it) must be done, on that GPU's queue, and claimed
+at its final epoch no later than the measurement started. A result of an older epoch (a holder whose lease
+expired and whose step was handed to another) started before that claim. Needs the step records, which
+Redis keeps ``keys.STEP_TTL_S`` after a step ends: a check right after a run, not of an old repo.
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ import redis
 
 from croqq.delivery import clock, keys
 from croqq.delivery.leases import dead_local
+from croqq.delivery.queues import GPU_KINDS
 from croqq.delivery.redis_client import strs, text
-from croqq.store.load import list_runs
+from croqq.delivery.state import make_sid
+from croqq.store.load import list_runs, load_rounds
 from croqq.store.paths import RunPaths
 from croqq.store.render import TRAILER_RESET, parse_tsv, stored_in_message
 from croqq.store.validate import Problem, validate_repo
@@ -120,3 +131,66 @@ def live_problems(client: redis.Redis, grace_s: float) -> list[str]:
                 f"step {sid} (owner {owner}) is running with a lease overdue by {now - deadline:.0f}s"
             )
     return problems
+
+
+CLOCK_SLACK_S = 0.5  # hosts read Redis's clock every few seconds and carry it forward in between
+
+
+def _step_records(client: redis.Redis) -> dict[tuple[str, int], list[dict[str, str]]]:
+    """(sid, step number) -> the ledger's step records (``<key>#<number>.<random>``)."""
+    ids = strs(client.scan_iter(match=keys.step("*"), count=1000))
+    pipe = client.pipeline(transaction=False)
+    for key in ids:
+        pipe.hgetall(key)
+    out: dict[tuple[str, int], list[dict[str, str]]] = {}
+    for key, raw in zip(ids, pipe.execute(), strict=True):
+        record = {text(k) or "": text(v) or "" for k, v in raw.items()}
+        record["step_id"] = key.split(":step:", 1)[1]
+        number = record["step_id"].rpartition("#")[2].split(".", 1)[0]
+        if record.get("sid") and number.isdigit():
+            out.setdefault((record["sid"], int(number)), []).append(record)
+    return out
+
+
+def epoch_problems(repo_path: Path, client: redis.Redis) -> tuple[int, list[str]]:
+    """The stored iterations checked, and each one not measured under the epoch that stored it."""
+    from croqq.store.gitrepo import GitRepo
+
+    steps = _step_records(client)
+    by_id = {r["step_id"]: r for records in steps.values() for r in records}
+    repo = GitRepo.open_existing(repo_path).freeze()
+    checked, problems = 0, []
+    for gpu, dsl in list_runs(repo):
+        for key in repo.list_dir(RunPaths(gpu, dsl).shapes_dir):
+            sid = make_sid(gpu, dsl, key)
+            for rnd in load_rounds(repo, gpu, dsl, key):
+                if rnd.imported is not None:
+                    continue
+                checked += 1
+                where = f"{sid} iter{rnd.iteration:03d}"
+                store = by_id.get(rnd.step_id)
+                if store is None or store.get("kind") != "store" or store.get("status") != "done":
+                    problems.append(
+                        f"{where}: its STORE step {rnd.step_id} is not a done STORE in the ledger"
+                    )
+                    continue
+                if int(store["epoch"]) < rnd.epoch:
+                    problems.append(f"{where}: stored at epoch {rnd.epoch}, the ledger says {store['epoch']}")
+                number = int(rnd.step_id.rpartition("#")[2].split(".", 1)[0])
+                gpu_steps = [r for r in steps.get((sid, number - 1), []) if r.get("kind") in GPU_KINDS]
+                if len(gpu_steps) != 1 or gpu_steps[0].get("status") != "done":
+                    problems.append(f"{where}: no single done GPU step before its STORE ({gpu_steps})")
+                    continue
+                measured = gpu_steps[0]
+                started = rnd.measure.gpu_started_at
+                if measured.get("queue") != f"gpu.{rnd.gpu_uuid}":
+                    problems.append(
+                        f"{where}: measured on {rnd.gpu_uuid}, its step ran on {measured.get('queue')}"
+                    )
+                if started is None or started < float(measured["started_at"]) - CLOCK_SLACK_S:
+                    problems.append(
+                        f"{where}: measured at {started} before its step {measured['step_id']} was "
+                        f"claimed at epoch {measured['epoch']} ({measured['started_at']}): a stale result"
+                    )
+    repo.close()
+    return checked, problems

@@ -41,10 +41,11 @@ from croqq.work.progress import Snapshot, snapshot, submission_sids
 from tests.hostbed.bed import Bed, Host, HostProcess
 
 GPU_HOSTS = ("gpu1", "gpu2")
+GPU_SERVICES = [["worker", "--gpus", "all"]]  # every GPU host's, also one that joins later
 SERVICES: dict[str, list[list[str]]] = {
     "writer": [["writer"]],
     "build": [["coordinator"], ["beat"], ["build-worker"], ["ideate-worker"]],
-    **{h: [["worker", "--gpus", "all"]] for h in GPU_HOSTS},
+    **dict.fromkeys(GPU_HOSTS, GPU_SERVICES),
 }
 RESTART_LOOP = 'while :; do "$@"; echo "croqq-bed: exited with $?, restarting in 1s" >&2; sleep 1; done'
 _SUBMITTED = re.compile(r" as (sub-[\w-]+)")
@@ -84,6 +85,14 @@ class Fleet:
             raise
         return self
 
+    def add_gpu_host(self, name: str) -> Host:
+        """A new GPU host joins the running fleet (its simulated GPUs named after it); its worker starts."""
+        if not name.startswith("gpu"):
+            raise ValueError(f"a GPU host's name starts with 'gpu', not {name!r}")
+        host = self.bed.add_host(name)
+        self.start_services(name)
+        return host
+
     def env(self, host: Host) -> dict[str, str]:
         c = self.config
         return {
@@ -115,7 +124,7 @@ class Fleet:
                 log_path=host.log_dir / f"{args[0]}.log",
                 cwd=PROJECT_ROOT,
             )
-            for args in SERVICES.get(name, [])
+            for args in SERVICES.get(name, GPU_SERVICES if name.startswith("gpu") else [])
         ]
         self.services[name] = procs
         return procs
