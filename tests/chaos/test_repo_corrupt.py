@@ -86,14 +86,19 @@ def test_a_damaged_repo_stops_the_writer_until_repaired_and_the_sweep_completes_
     """``pack``/``ref``: damaged while the cluster is down, found at the writer's start-up;
     ``pack-while-running``: found by the writer's periodic check."""
     repo, remote = Path(env["CROQQ_RESULTS_REPO"]), Path(env["CROQQ_RESULTS_REMOTE"])
-    env = env | {"CROQQ_REPO_CHECK_EVERY_S": "1"}
+    env = env | {"CROQQ_REPO_CHECK_EVERY_S": "1", "CROQQ_TEST_BARRIERS": "true"}
     with LocalCluster(env) as cluster:
         cluster.wait_gpus()
         cluster.submit("f16", max_iter=MAX_ITER, limit=SHAPES)
         wait_until(lambda: stored(redis_client) >= 10, 300, "10 iterations stored", every_s=0.1)
-        if kind == "pack-while-running":
+        if kind == "pack-while-running":  # measurements held, so that STOREs still come after the damage
+            redis_client.set(keys.barrier("measure"), 1)
+            held = keys.barrier("measure:reached")
+            wait_until(lambda: redis_client.exists(held), 300, "a measurement held")
             flip_biggest_pack(repo)
             wait_until(lambda: repo_alarms(redis_client), 120, "the periodic check's alarm", every_s=0.2)
+            redis_client.delete(keys.barrier("measure"))
+            wait_until(lambda: store_waits(env), 300, "the held STORE waiting for the repair", every_s=0.5)
     commits = int(git(repo, "rev-list", "--count", "main"))
     ref_bytes = damage(repo, remote, kind) if kind != "pack-while-running" else ""
 
