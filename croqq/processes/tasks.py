@@ -126,7 +126,7 @@ def _repo_damaged(task: Any) -> bool:
     try:
         get_runtime().repo_guard.require()
     except RepoCorruptError as exc:
-        log.info("%s waits: %s", task.name, exc)
+        log.debug("%s waits: %s", task.name, exc)  # the alarm (ERROR, once) says why; not every tick
         return True
     return False
 
