@@ -1,0 +1,42 @@
+"""Which shapes are a shape's neighbours: the same log2 space the schedule ranks shapes in.
+
+A neighbour is another shape of the same dtype (and, where the caller asks, the same family and GPU type)
+that has already advanced; the nearest come first. Pure: callers bring the candidate shapes (from the live
+ledger in a cluster, from the visited shapes in a benchmark).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TypeVar
+
+from croqq.domain.shapes import Shape
+
+S = TypeVar("S")
+
+
+def log2_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    """Euclidean distance between two (M, N, K) in log2 space (the schedule's metric)."""
+    return math.sqrt(sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(a, b, strict=True)))
+
+
+def dims(shape: Shape) -> tuple[int, int, int]:
+    return (shape.m, shape.n, shape.k)
+
+
+def nearest(
+    shape: Shape, others: Iterable[tuple[Shape, S]], limit: int, max_distance: float = math.inf
+) -> list[tuple[Shape, S]]:
+    """The ``limit`` nearest of ``others`` (shape, payload) with ``shape``'s dtype, itself excluded, within
+    ``max_distance``; ties by (M, N, K) so that the order is deterministic."""
+    here = dims(shape)
+    ranked = sorted(
+        (
+            (round(log2_distance(here, dims(other)), 9), dims(other), other, payload)
+            for other, payload in others
+            if other.dtype == shape.dtype and other.key != shape.key
+        ),
+        key=lambda row: (row[0], row[1]),
+    )
+    return [(other, payload) for dist, _, other, payload in ranked if dist <= max_distance][:limit]
