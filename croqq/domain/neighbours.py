@@ -15,6 +15,16 @@ from croqq.domain.shapes import Shape
 
 S = TypeVar("S")
 
+TRANSFER_NEIGHBOURS = 2  # how many of the nearest advanced neighbours' best kernels a shape is offered
+STALL_TRANSFER = 5  # consecutive non-KEEPs at which a stalled shape is offered them again (= STALL_ESCALATE)
+
+
+def transfer_due(current_iter: int, consecutive_discards: int) -> bool:
+    """Whether an IDEATE offers the neighbours' kernels: for a shape's first ``TRANSFER_NEIGHBOURS``
+    iterations (it starts), and when it stalls. A kernel already tried by the shape is never offered again
+    (the caller skips content hashes the shape has tried), so a stall offers only what is new next door."""
+    return current_iter < TRANSFER_NEIGHBOURS or consecutive_discards == STALL_TRANSFER
+
 
 def log2_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
     """Euclidean distance between two (M, N, K) in log2 space (the schedule's metric)."""
