@@ -11,12 +11,13 @@ import math
 from collections.abc import Iterable
 from typing import TypeVar
 
+from croqq.domain.fsm import STALL_ESCALATE
 from croqq.domain.shapes import Shape
 
 S = TypeVar("S")
 
 TRANSFER_NEIGHBOURS = 2  # how many of the nearest advanced neighbours' best kernels a shape is offered
-STALL_TRANSFER = 5  # consecutive non-KEEPs at which a stalled shape is offered them again (= STALL_ESCALATE)
+STALL_TRANSFER = STALL_ESCALATE  # consecutive non-KEEPs at which a stalled shape is offered them again
 
 
 def transfer_due(current_iter: int, consecutive_discards: int) -> bool:
