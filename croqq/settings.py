@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from croqq import patience
+from croqq.domain.fsm import MAX_CANDIDATES
 from croqq.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -166,6 +167,12 @@ class Settings(BaseSettings):
     )
     pipeline_headroom: float = Field(
         1.5, ge=1.0, le=4.0, description="Adaptive: depth = headroom x (1 + off-GPU time / GPU time)."
+    )
+    candidates: int = Field(
+        1,
+        ge=1,
+        le=MAX_CANDIDATES,
+        description="Candidates one iteration gathers, when `croqq submit --candidates` gives none.",
     )
     profile_every: int = Field(
         10, ge=1, description="PROFILE every N iterations (plus iter 1, KEEPs, stalls)."

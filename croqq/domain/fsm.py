@@ -41,6 +41,7 @@ from croqq.errors import IllegalTransitionError
 STALL_PROFILE = 3
 STALL_ESCALATE = 5
 STALL_RADICAL = 10
+MAX_CANDIDATES = 8  # the most candidates one iteration gathers (``croqq submit --candidates``)
 
 
 class Phase(StrEnum):
@@ -155,6 +156,7 @@ class Loop(BaseModel):
 
     phase: Phase = Phase.INIT
     max_iter: int = Field(gt=0)
+    candidates: int = Field(1, ge=1, le=MAX_CANDIDATES, description="Candidates gathered per iteration.")
     profile_every: int = Field(10, ge=1)
     noise_margin: float = Field(0.015, ge=0)
     current_iter: int = -1

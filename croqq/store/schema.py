@@ -10,6 +10,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from croqq.domain.fsm import MAX_CANDIDATES
 from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile, RejectionKind
 from croqq.domain.schedule import ScheduledShape
 
@@ -64,6 +65,7 @@ class Checkpoint(_Schema):
     seed_knobs: dict[str, int]
     consecutive_discards: int = Field(ge=0)
     attempts: int = Field(ge=0)
+    candidates: int = Field(1, ge=1, le=MAX_CANDIDATES)
     keeps: int = Field(0, ge=0)
     fails: int = Field(0, ge=0)
     status: Status
@@ -207,6 +209,7 @@ class SubmissionRecord(_Schema):
     dsl: str
     mode: str
     max_iter: int = Field(gt=0)
+    candidates: int = Field(1, ge=1, le=MAX_CANDIDATES)
     shapes: list[ScheduledShape]
     timestamp: str
 

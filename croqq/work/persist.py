@@ -48,6 +48,7 @@ _LOOP_FIELDS = {
     "seed_knobs",
     "consecutive_discards",
     "attempts",
+    "candidates",
     "keeps",
     "fails",
 }
