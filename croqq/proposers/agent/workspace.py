@@ -160,7 +160,7 @@ TASK_TEMPLATE = """\
 
 You are tuning a {dtype} GEMM kernel, C[M,N] = A[M,K] * B[N,K]^T, M={m} N={n} K={k}, for {gpu_type}
 (dense peak {peak_tflops:.1f} TFLOPS). Baseline {baseline_tflops:.2f} TFLOPS, current best {best_tflops:.2f}
-TFLOPS (iteration {best_iter}){vendor}. This candidate would become iteration {iteration}.
+TFLOPS (iteration {best_iter}){vendor}. This candidate would become iteration {iteration}.{siblings}
 
 **Asked for now: {phase}** - {phase_reason}.
 Strategy signal: {strategy} ({consecutive_discards} iterations in a row without a win).
@@ -189,9 +189,17 @@ Build command (run from this folder, for your information): `{build_command}`
 
 def task_prompt(context: c.WorkspaceContext) -> str:
     vendor = f", vendor library {context.vendor_tflops:.2f} TFLOPS" if context.vendor_tflops else ""
+    siblings = (
+        f"\nYou are candidate {context.candidate} of {context.candidates} for this iteration, written at "
+        "the same time as the others: make yours different (another idea, not another variant of the "
+        "obvious one). The fastest of them is kept."
+        if context.candidates > 1
+        else ""
+    )
     return TASK_TEMPLATE.format(
         **context.model_dump(),
         vendor=vendor,
+        siblings=siblings,
         header_list=", ".join(context.headers),
         knob_list=", ".join(sorted(context.knob_space)),
     )
@@ -212,6 +220,8 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
         gpu_type=ctx.gpu_type,
         peak_tflops=ctx.peak_tflops,
         iteration=ctx.iteration,
+        candidate=ctx.candidate,
+        candidates=ctx.candidates,
         baseline_tflops=ctx.baseline_tflops,
         best_tflops=ctx.best_tflops,
         best_iter=ctx.best_iter,
