@@ -171,11 +171,14 @@ class HistoryEntry(_Record):
     proposer: str = ""
     error: str = ""
     knobs: dict[str, int] = Field(default_factory=dict, description="The knob values measured or tried.")
+    candidate: int | None = Field(None, ge=1, description="Set on a sibling: its number in the iteration.")
 
     @property
     def field(self) -> str:
-        return f"i{self.iteration:03d}" if self.iteration is not None else f"a{self.attempt:03d}"
+        own = f"i{self.iteration:03d}" if self.iteration is not None else f"a{self.attempt:03d}"
+        return own if self.candidate is None else f"{own}c{self.candidate}"
 
     @property
-    def order(self) -> tuple[int, int]:
-        return (self.after_iter if self.iteration is None else self.iteration, self.iteration is None)
+    def order(self) -> tuple[int, int, int]:
+        where = self.after_iter if self.iteration is None else self.iteration
+        return (where, self.iteration is None, self.candidate or 0)

@@ -125,7 +125,8 @@ def history_markdown(key: str, entries: list[HistoryEntry]) -> str:
         f"# History of {key}",
         "",
         "Every stored iteration and attempt, oldest first. Attempts (no iteration id) failed to build "
-        "or were refused before the build.",
+        "or were refused before the build. Rows `NNN cK` are the other candidates of iteration NNN "
+        "(SIBLING: measured in the same batch, not chosen; REPEAT: the same kernel as another).",
         "",
         "| iter | decision | TFLOPS | change | proposer | idea | error |",
         "|---|---|---|---|---|---|---|",
@@ -133,7 +134,7 @@ def history_markdown(key: str, entries: list[HistoryEntry]) -> str:
     for e in entries:
         where = (
             f"{e.iteration:03d}" if e.iteration is not None else f"attempt {e.attempt} after {e.after_iter}"
-        )
+        ) + (f" c{e.candidate}" if e.candidate is not None else "")
         error = " ".join(e.error.split()).replace("|", "/")[:200]
         idea = " ".join(e.summary.split()).replace("|", "/")
         lines.append(
