@@ -267,6 +267,22 @@ def shape_state(rt: Runtime) -> ShapeState:
     return state
 
 
+def test_a_resubmission_with_another_n_sets_it_for_the_iterations_that_follow(rt: Runtime) -> None:
+    state = shape_state(rt)
+    again = SubmitMessage(
+        submission="s2",
+        gpu_type=GPU_TYPE,
+        dsl="cuda",
+        mode="from_current_best",
+        max_iter=3,
+        candidates=5,
+        shapes=build_schedule(rt.manifest, "f16")[:1],
+    )
+    rt.intake.submit(again)
+    after = rt.ledger.load_shape(state.sid)
+    assert after is not None and after.loop.candidates == 5 and after.loop.max_iter == 3
+
+
 def knob_idea(rt: Runtime, shape: Shape, stages: int, comment: str = "") -> Idea:
     knobs = {**seed_knobs(rt.manifest, "cuda", "f16", "reference"), "STAGES": stages}
     cand = knob_candidate(rt.manifest, rt.settings, "cuda", shape, knobs)
