@@ -116,8 +116,11 @@ def ideate(
     """Gather the iteration's ``loop.candidates`` candidates: ``ready`` ideas (made elsewhere) fill the first
     slots, the proposer the others (:func:`gather`); one event names them all (:func:`candidates_event`)."""
     proposer = rt.proposer
-    if proposer.is_agent:
-        agents.wait_until_allowed(rt.client, proposer.name, state.key)  # DeferredError: the shape waits
+    if proposer.is_agent:  # DeferredError: the shape waits
+        for name in dict.fromkeys(
+            proposer.for_candidate(n).name for n in range(1, state.loop.candidates + 1)
+        ):
+            agents.wait_until_allowed(rt.client, name, state.key)
     ctx = _context(rt, state)
     answers = gather(rt, state, ctx, ready)
     if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:

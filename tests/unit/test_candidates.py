@@ -425,3 +425,38 @@ def test_the_writer_refuses_siblings_that_do_not_fit_together(rt: Runtime, tmp_p
     bad = req.round.model_copy(update={"siblings": [SiblingRecord(candidate=2, idea=idea(2), repeat_of=5)]})
     with pytest.raises(InvalidRecordError, match="repeats candidate 5"):
         check_request(req.model_copy(update={"round": bad}))
+
+
+# -- agents ---------------------------------------------------------------------------------------------
+
+
+def test_a_comma_list_of_agents_spreads_the_candidates_round_robin() -> None:
+    from croqq.proposers import make_proposer
+
+    settings = Settings(proposer="agent", agent="scripted, command", agent_command="./my-agent")
+    proposer = make_proposer(settings, manifest())
+    assert [proposer.for_candidate(n).name for n in (1, 2, 3)] == ["scripted", "command", "scripted"]
+    one = make_proposer(Settings(proposer="agent", agent="scripted"), manifest())
+    assert one.for_candidate(2) is one and one.name == "scripted"
+    with pytest.raises(ValueError, match="unknown agent 'gpt'"):
+        Settings(proposer="agent", agent="claude,gpt")
+
+
+def test_agents_run_in_parallel_and_every_call_counts_against_the_budget(redis_client: redis.Redis) -> None:
+    from croqq.domain.records import AgentUsage
+    from croqq.proposers._base import Proposer
+    from croqq.work import agents
+
+    class Same(Proposer):  # an agent that returns the same candidate every time
+        name, is_agent = "scripted", True
+
+        def propose(self, ctx):  # type: ignore[no-untyped-def]
+            usage = AgentUsage(agent=self.name, wall_s=1.0)
+            return idea(1, content_hash="samehash0000").model_copy(update={"agent": usage})
+
+    rt = SimpleNamespace(proposer=Same(manifest(), Settings()), client=redis_client, settings=Settings())
+    ctx = context().model_copy(update={"candidates": 4})
+    answers = executors.gather(rt, SimpleNamespace(key="k"), ctx)  # type: ignore[arg-type]
+    assert len(answers) == 4 and agents.budget(redis_client).calls == 4
+    event = executors.candidates_event(answers)
+    assert isinstance(event, Proposed) and [s.repeat_of for s in event.siblings] == [1, 1, 1]
