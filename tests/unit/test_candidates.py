@@ -392,6 +392,8 @@ def test_a_stored_iteration_lists_every_sibling_with_its_tflops_and_source(
     assert [(s.candidate, s.tflops, s.repeat_of) for s in rnd.siblings] == [(1, 520.0, None), (2, 0.0, 1)]
     measured = rnd.siblings[0]
     assert measured.kernel.endswith("iter001_c1-stages3.cu") and writer.repo.exists(measured.kernel)
+    md = (writer.repo.read(paths.rounds_md(state.key)) or b"").decode()
+    assert "- candidate 1 (beside 3): `stages3`" in md and "520.00 TFLOPS in the same batch" in md
     history = entries_from_repo([rnd], [])
     assert [(e.field, e.decision) for e in history] == [
         ("i001", rnd.decision),
