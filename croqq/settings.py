@@ -14,7 +14,6 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from croqq import patience
-from croqq.domain.fsm import MAX_CANDIDATES
 from croqq.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +175,7 @@ class Settings(BaseSettings):
     candidates: int = Field(
         1,
         ge=1,
-        le=MAX_CANDIDATES,
+        le=8,  # croqq.domain.fsm.MAX_CANDIDATES (a base module imports no layer)
         description="Candidates one iteration gathers, when `croqq submit --candidates` gives none.",
     )
     profile_every: int = Field(

@@ -19,6 +19,7 @@ from croqq.delivery.messages import StepMessage, SubmitMessage
 from croqq.delivery.state import ShapeState
 from croqq.domain.decide import SIBLING
 from croqq.domain.fsm import (
+    MAX_CANDIDATES,
     ArtifactLost,
     BaselineMeasured,
     Built,
@@ -93,6 +94,9 @@ def test_the_candidates_setting_is_bounded_by_the_documented_maximum() -> None:
         Loop(max_iter=5, candidates=9)
     with pytest.raises(ValueError, match="greater than or equal to 1"):
         Loop(max_iter=5, candidates=0)
+    with pytest.raises(ValueError, match="less than or equal to 8"):
+        Settings(candidates=MAX_CANDIDATES + 1)
+    assert Settings(candidates=MAX_CANDIDATES).candidates == MAX_CANDIDATES
 
 
 def test_the_first_idea_is_the_primary_and_every_other_candidate_a_sibling() -> None:
