@@ -41,7 +41,7 @@ class ShapeSummary(BaseModel):
     dtype: str
     current_iter: int
     max_iter: int
-    best_iter: int = -1  # > 0: a kept iteration beyond the baseline (an advanced neighbour, work/transfer.py)
+    best_iter: int | None = None  # > 0: a kept iteration past the baseline; None: an older summary
     best_tflops: float
     baseline_tflops: float
     gpu: str

@@ -41,8 +41,7 @@ def advanced_neighbours(rt: Runtime, state: ShapeState) -> list[NeighbourKernel]
         sid = str(field)
         if not sid.startswith(prefix) or sid == state.sid:
             continue
-        summary = ShapeSummary.model_validate_json(raw)
-        if summary.dtype == state.dtype and summary.best_iter > 0:
+        if summary_advanced(ShapeSummary.model_validate_json(raw), state.dtype):
             candidates.append((parse_key(split_sid(sid)[2]), sid))
     found = []
     for _, sid in nearest(state.shape, candidates, TRANSFER_NEIGHBOURS):
@@ -50,6 +49,16 @@ def advanced_neighbours(rt: Runtime, state: ShapeState) -> list[NeighbourKernel]
         if there is not None and there.loop.best_iter > 0:
             found.append(retarget(rt, state, there))
     return found
+
+
+def summary_advanced(summary: ShapeSummary, dtype: str) -> bool:
+    """Whether a summary names an advanced shape of this dtype (one written before summaries carried
+    ``best_iter``: when its best beats its baseline; its full state decides)."""
+    if summary.dtype != dtype:
+        return False
+    if summary.best_iter is None:
+        return summary.best_tflops > summary.baseline_tflops > 0
+    return summary.best_iter > 0
 
 
 def retarget(rt: Runtime, state: ShapeState, there: ShapeState) -> NeighbourKernel:

@@ -14,7 +14,7 @@ import redis
 
 from croqq.backends.toolchain import knob_candidate
 from croqq.delivery.messages import StepMessage
-from croqq.delivery.state import ShapeState, make_sid
+from croqq.delivery.state import ShapeState, ShapeSummary, make_sid
 from croqq.domain.fsm import Built, Loop, Phase, Proposed, Rejected, transition
 from croqq.domain.knobs import include_resolver, render_source, seed_knobs
 from croqq.domain.neighbours import (
@@ -191,6 +191,15 @@ def test_neighbours_are_the_nearest_advanced_ones_of_the_same_gpu_type_family_an
     first = found[0]
     assert first.best_tflops == 700.0 and first.peak_fraction == round(700.0 / 989.4, 4)
     assert first.knobs == reference(rt) and first.change == "knobs" and first.reason == ""
+
+
+def test_a_summary_written_before_it_carried_best_iter_is_judged_by_its_figures() -> None:
+    old = {"status": "done", "phase": "DONE", "dtype": "f16", "current_iter": 9, "max_iter": 9, "gpu": ""}
+    kept = ShapeSummary.model_validate({**old, "best_tflops": 700.0, "baseline_tflops": 400.0})
+    flat = ShapeSummary.model_validate({**old, "best_tflops": 400.0, "baseline_tflops": 400.0})
+    assert kept.best_iter is None
+    assert transfer.summary_advanced(kept, "f16") and not transfer.summary_advanced(kept, "e4m3")
+    assert not transfer.summary_advanced(flat, "f16")
 
 
 def test_a_knob_candidate_is_rendered_again_for_this_shape(rt: Runtime) -> None:
