@@ -36,7 +36,7 @@ from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.proposers._base import ProposeContext
 from croqq.settings import Settings
 from croqq.store.schema import StoreReceipt, StoreRequest
-from croqq.work import agents
+from croqq.work import agents, transfer
 from croqq.work import gpu as guard
 from croqq.work import history as hist
 from croqq.work.context import Runtime
@@ -110,14 +110,34 @@ def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
 
 
 def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejected:
-    loop = state.loop
+    """A new candidate: a neighbour's best kernel while transfer is due (no proposer call), else the
+    proposer's idea. A simulated think time applies to proposer calls only."""
     proposer = rt.proposer
-    if proposer.is_agent:
-        agents.wait_until_allowed(rt.client, proposer.name, state.key)  # DeferredError: the shape waits
+    ctx = propose_context(rt, state)
+    offered = transfer.neighbour_ideas(rt, state, ctx, limit=1)
+    if offered:
+        answer = offered[0]
+    else:
+        if proposer.is_agent:
+            agents.wait_until_allowed(rt.client, proposer.name, state.key)  # DeferredError: the shape waits
+        answer = proposer.propose(ctx)
+        if proposer.is_agent:
+            agents.record_call(rt.client, proposer.name, answer, rt.settings)
+        if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
+            time.sleep(think_s(rt.settings, msg.step_id) * rt.settings.time_scale)
+    if isinstance(answer, Idea):
+        return Proposed(idea=answer)
+    log.info("%s iter%03d: %s rejected: %s", state.key, ctx.iteration, answer.proposer, answer.reason)
+    return Rejected(rejection=answer)
+
+
+def propose_context(rt: Runtime, state: ShapeState) -> ProposeContext:
+    """Everything an IDEATE step knows about its shape, its nearest advanced neighbours included."""
+    loop = state.loop
     history = hist.load(rt.client, state.sid)
     phase, reason = next_phase(loop.strategy, history, loop.profile_fresh)
     profile = loop.last_profile
-    ctx = ProposeContext(
+    return ProposeContext(
         shape=state.shape,
         dsl=state.dsl,
         gpu_type=state.gpu_type,
@@ -138,16 +158,8 @@ def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejec
         profile_metrics=profile.metrics if profile else {},
         tried=sorted(rt.client.smembers(keys.ideas(state.sid))),
         history=history,
+        neighbours=transfer.advanced_neighbours(rt, state),
     )
-    answer = proposer.propose(ctx)
-    if proposer.is_agent:
-        agents.record_call(rt.client, proposer.name, answer, rt.settings)
-    if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
-        time.sleep(think_s(rt.settings, msg.step_id) * rt.settings.time_scale)
-    if isinstance(answer, Idea):
-        return Proposed(idea=answer)
-    log.info("%s iter%03d: %s rejected: %s", state.key, ctx.iteration, answer.proposer, answer.reason)
-    return Rejected(rejection=answer)
 
 
 def think_s(settings: Settings, step_id: str) -> float:
