@@ -119,6 +119,12 @@ class Settings(BaseSettings):
         description="model: model-guided knob search (croqq.proposers.model); search: an engineer's local "
         "search (croqq.proposers.search); agent: a coding agent (CROQQ_AGENT).",
     )
+    transfer: bool = Field(
+        True,
+        description="Neighbour transfer: a shape that starts or stalls is first offered the best kernels of "
+        "its nearest advanced neighbours (same GPU type, family, dtype), re-targeted to it and measured "
+        "on it; an agent's context.json lists them. Off: every shape learns alone.",
+    )
     agent: str = Field(
         "scripted",
         description="The agent preset for proposer=agent; a comma list (claude,codex) spreads an iteration's "

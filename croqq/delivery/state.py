@@ -41,6 +41,7 @@ class ShapeSummary(BaseModel):
     dtype: str
     current_iter: int
     max_iter: int
+    best_iter: int | None = None  # > 0: a kept iteration past the baseline; None: an older summary
     best_tflops: float
     baseline_tflops: float
     gpu: str
@@ -104,6 +105,7 @@ class ShapeState(BaseModel):
             dtype=self.dtype,
             current_iter=loop.current_iter,
             max_iter=loop.max_iter,
+            best_iter=loop.best_iter,
             best_tflops=round(loop.best_tflops, 3),
             baseline_tflops=round(loop.baseline_tflops, 3),
             gpu=self.gpu_uuid or "",

@@ -49,6 +49,20 @@ class Idea(_Record):
     agent: AgentUsage | None = None
 
 
+class NeighbourKernel(_Record):
+    """The best kernel of a nearest advanced neighbour (same GPU type, family and dtype), re-targeted to the
+    shape that is offered it: what an agent reads as "what won next door" and what transfer proposes."""
+
+    key: str
+    distance: float = Field(ge=0, description="log2-space distance to the offered shape.")
+    best_tflops: float = Field(ge=0, description="The neighbour's best, measured there.")
+    peak_fraction: float = Field(ge=0, description="That best as a fraction of the GPU type's dense peak.")
+    knobs: dict[str, int]
+    change: Change = Field("knobs", description="knobs: the template rendered; structural: agent-written.")
+    source: str = Field("", description="The kernel re-targeted to the offered shape ('' if it cannot be).")
+    reason: str = Field("", description="Why it cannot be re-targeted ('' when it can).")
+
+
 RejectionKind = Literal["agent", "check", "repeat"]  # the agent failed / its answer broke a rule / repeat
 
 

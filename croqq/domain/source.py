@@ -92,6 +92,30 @@ def knob_values(text: str, names: Iterable[str]) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
+SHAPE_MACROS = ("GEMM_M", "GEMM_N", "GEMM_K")
+
+
+def retarget_shape(text: str, dims: tuple[int, int, int]) -> str:
+    """The source with its shape macros (``#define GEMM_M/N/K <int>``) set to ``dims``: how a kernel
+    written for one shape is built for another. SourceError when a macro is not defined exactly once by
+    such a line (the shape is hard-coded some other way, or redefined), naming it."""
+    code = strip_comments(text)
+    for name in SHAPE_MACROS:
+        count = sum(1 for m in DEFINE.finditer(code) if m.group(1) == name)
+        if count != 1:
+            how = "is not defined" if count == 0 else f"is defined {count} times"
+            raise SourceError(f"{name} {how} by one #define line: the shape cannot be re-targeted")
+    values = dict(zip(SHAPE_MACROS, dims, strict=True))
+
+    def repl(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in values:
+            return m.group(0)
+        return m.group(0)[: m.start(2) - m.start(0)].rstrip("(") + str(values[name])
+
+    return DEFINE.sub(repl, text)
+
+
 def structure(text: str, knob_names: Iterable[str]) -> str:
     """The normalized source with the knob ``#define`` lines removed: equal for two sources that differ
     only in knob values (a knob-only change), different for a structural edit."""

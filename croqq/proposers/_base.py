@@ -2,9 +2,10 @@
 
 The context carries what an agent resuming cold would need: the shape, the knob space, the best source
 and its figures, the strategy signal (refine / escalate / radical from consecutive non-KEEPs) and the
-phase asked for, the last profile, the shape's history and the content hashes already tried (an idea
-is never repeated). A proposer answers with an :class:`Idea` (a candidate source), or a
-:class:`Rejection` when it produced nothing buildable (stored as an attempt; the shape goes on).
+phase asked for, the last profile, the shape's history, the content hashes already tried (an idea is
+never repeated) and the best kernels of its nearest advanced neighbours (what won next door). A proposer
+answers with an :class:`Idea` (a candidate source), or a :class:`Rejection` when it produced nothing
+buildable (stored as an attempt; the shape goes on).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from croqq.backends.toolchain import knob_candidate
 from croqq.domain.manifest import Manifest
-from croqq.domain.records import HistoryEntry, Idea, Rejection, Strategy, TuningPhase
+from croqq.domain.records import HistoryEntry, Idea, NeighbourKernel, Rejection, Strategy, TuningPhase
 from croqq.domain.shapes import Shape
 from croqq.settings import Settings
 
@@ -48,6 +49,7 @@ class ProposeContext(BaseModel):
     history: list[HistoryEntry] = []
     candidate: int = 1  # this call's candidate among the iteration's (1..candidates)
     candidates: int = 1  # how many candidates the iteration gathers (``croqq submit --candidates``)
+    neighbours: list[NeighbourKernel] = []  # the nearest advanced neighbours' best kernels, re-targeted here
     seed: int = 0  # varies a seeded proposer's draws between runs on one shape (benchmarks); 0 in a cluster
 
 

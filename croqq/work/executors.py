@@ -37,7 +37,7 @@ from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.proposers._base import ProposeContext
 from croqq.settings import Settings
 from croqq.store.schema import StoreReceipt, StoreRequest
-from croqq.work import agents
+from croqq.work import agents, transfer
 from croqq.work import gpu as guard
 from croqq.work import history as hist
 from croqq.work.context import Runtime
@@ -110,20 +110,20 @@ def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
     return Profiled(profile=result.model_copy(update=span.fields()))
 
 
-def ideate(
-    rt: Runtime, state: ShapeState, msg: StepMessage, ready: Sequence[Idea] = ()
-) -> Proposed | Rejected:
-    """Gather the iteration's ``loop.candidates`` candidates: ``ready`` ideas (made elsewhere) fill the first
-    slots, the proposer the others (:func:`gather`); one event names them all (:func:`candidates_event`)."""
+def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejected:
+    """Gather the iteration's ``loop.candidates`` candidates: while transfer is due, the nearest advanced
+    neighbours' best kernels fill the first slots (no proposer call for them), the proposer the slots left
+    (:func:`gather`); one event names them all (:func:`candidates_event`). A simulated think time applies
+    when the proposer was called."""
     proposer = rt.proposer
+    ctx = propose_context(rt, state)
+    ready = transfer.neighbour_ideas(rt, state, ctx, limit=ctx.candidates)
+    calls = range(len(ready) + 1, ctx.candidates + 1)
     if proposer.is_agent:  # DeferredError: the shape waits
-        for name in dict.fromkeys(
-            proposer.for_candidate(n).name for n in range(1, state.loop.candidates + 1)
-        ):
+        for name in dict.fromkeys(proposer.for_candidate(n).name for n in calls):
             agents.wait_until_allowed(rt.client, name, state.key)
-    ctx = _context(rt, state)
     answers = gather(rt, state, ctx, ready)
-    if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
+    if calls and rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
         time.sleep(think_s(rt.settings, msg.step_id) * rt.settings.time_scale)
     event = candidates_event(answers)
     if isinstance(event, Rejected):
@@ -137,7 +137,8 @@ def ideate(
     return event
 
 
-def _context(rt: Runtime, state: ShapeState) -> ProposeContext:
+def propose_context(rt: Runtime, state: ShapeState) -> ProposeContext:
+    """Everything an IDEATE step knows about its shape, its nearest advanced neighbours included."""
     loop = state.loop
     history = hist.load(rt.client, state.sid)
     phase, reason = next_phase(loop.strategy, history, loop.profile_fresh)
@@ -164,11 +165,12 @@ def _context(rt: Runtime, state: ShapeState) -> ProposeContext:
         profile_metrics=profile.metrics if profile else {},
         tried=sorted(rt.client.smembers(keys.ideas(state.sid))),
         history=history,
+        neighbours=transfer.advanced_neighbours(rt, state),
     )
 
 
 def gather(
-    rt: Runtime, state: ShapeState, ctx: ProposeContext, ready: Sequence[Idea] = ()
+    rt: Runtime, state: ShapeState, ctx: ProposeContext, ready: Sequence[Idea | Rejection] = ()
 ) -> list[Idea | Rejection]:
     """The answers for candidates 1..N in order: ``ready`` first, then one proposer call per slot left,
     each with its own ``candidate`` number. A search strategy (milliseconds) is called slot after slot,

@@ -39,21 +39,27 @@ def test_the_scripted_agent_tunes_sources_end_to_end(cluster_env: dict[str, str]
         snap = cluster.wait_done(sub, timeout_s=600)
         assert snap.total.done == 3 and snap.total.error == 0
         health = agents.health(cluster.client)
-        assert [a.name for a in health] == ["scripted"] and health[0].calls >= 24
+        assert [a.name for a in health] == ["scripted"]
     repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
     changes: set[str] = set()
+    by_agent = 0
     for key in json.loads((repo / RUN / "state.json").read_text())["shapes"]:
         rows = parse_tsv((repo / PATHS.results_tsv(key)).read_text())
         assert [r.iter for r in rows] == list(range(9))
         assert all("--source" in r.run_command and r.kernel in r.run_command for r in rows)
         for rnd in _rounds(repo, key)[1:]:
             idea = rnd["idea"]
-            assert isinstance(idea, dict) and idea["proposer"] == "scripted" and idea["source"] == ""
-            assert idea["agent"]["wall_s"] > 0
+            assert isinstance(idea, dict) and idea["source"] == ""
+            if idea["proposer"] == "neighbour":  # a neighbour's best, offered without an agent call
+                assert idea["agent"] is None
+                continue
+            assert idea["proposer"] == "scripted" and idea["agent"]["wall_s"] > 0
             changes.add(str(idea["change"]))
+            by_agent += 1
         for row in rows:
             text = (repo / row.kernel).read_text()
             assert '#include "../../../headers/' in text  # its headers are in the repo
+    assert health[0].calls >= by_agent > 0  # every agent call counted, failed ones too
     assert changes == {"knobs", "structural"}  # two knob-only changes in a row ask for a structural one
     assert validate_repo(repo, None) == []
 

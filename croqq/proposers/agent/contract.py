@@ -10,6 +10,8 @@ croqq lays out a fresh workspace per IDEATE step (cwd of the agent)::
     ideas.md         the ideas already tried, in words
     BUILD.md         the exact build command
     include/         read-only copies of the headers a candidate may include (by plain name)
+    neighbours/      the best kernels of the nearest advanced neighbours, re-targeted to this shape
+                     (``<key>.cu``; listed with their figures in context.json ``neighbours``)
 
 The agent answers with exactly two new files and writes nothing else:
 
@@ -32,11 +34,27 @@ HISTORY = "history.md"
 IDEAS = "ideas.md"
 BUILD = "BUILD.md"
 INCLUDE = "include"
+NEIGHBOURS = "neighbours"
 CANDIDATE = "candidate.cu"
 SUMMARY = "SUMMARY.txt"
 SCRATCH = ".agent-home"
 PROVIDED = (TASK, BEST, CONTEXT, HISTORY, IDEAS, BUILD)
 ANSWER = (CANDIDATE, SUMMARY)
+
+
+class NeighbourEntry(BaseModel):
+    """One nearest advanced neighbour in context.json: what won next door."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    distance: float  # in log2 space, as the schedule ranks shapes
+    best_tflops: float  # measured there
+    peak_fraction: float  # of the GPU type's dense peak
+    knobs: dict[str, int]
+    change: str  # knobs: the template with its knobs; structural: an agent-written kernel
+    source: str  # neighbours/<key>.cu, re-targeted to this shape ('' when it cannot be: see reason)
+    reason: str
 
 
 class WorkspaceContext(BaseModel):
@@ -69,3 +87,4 @@ class WorkspaceContext(BaseModel):
     best_knobs: dict[str, int]
     headers: list[str]  # what a candidate may include with quotes
     build_command: str
+    neighbours: list[NeighbourEntry] = []  # nearest first

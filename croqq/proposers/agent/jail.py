@@ -48,7 +48,7 @@ KILL_GRACE_S = 2.0
 SIGNALLED = 128
 CONFINE = Path(__file__).resolve().parent / "confine.py"
 UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts")
-READ_ONLY = (*c.PROVIDED, c.INCLUDE)
+READ_ONLY = (*c.PROVIDED, c.INCLUDE, c.NEIGHBOURS)
 ALARM = "agents_unjailed"  # raised by the ideate worker (croqq.work.alarms) while agents run unjailed
 
 

@@ -168,7 +168,7 @@ Strategy signal: {strategy} ({consecutive_discards} iterations in a row without 
 Last profile: bottleneck {bottleneck}; metrics in context.json.
 
 Read `best.cu` (the current best), `context.json`, `history.md` and `ideas.md`; the headers you may
-include are in `include/` ({header_list}). Then write:
+include are in `include/` ({header_list}).{next_door} Then write:
 
 1. `candidate.cu`: ONE self-contained candidate source. Start from best.cu. Keep the `#define GEMM_M/N/K`
    lines. You may change the knob macros ({knob_list}), or take the kernel body into the file (replace
@@ -203,7 +203,24 @@ def task_prompt(context: c.WorkspaceContext) -> str:
         siblings=siblings,
         header_list=", ".join(context.headers),
         knob_list=", ".join(sorted(context.knob_space)),
+        next_door=_next_door(context.neighbours),
     )
+
+
+def _next_door(neighbours: list[c.NeighbourEntry]) -> str:
+    """TASK.md's line on what won next door ('' when no neighbour has advanced)."""
+    if not neighbours:
+        return ""
+    won = ", ".join(f"{nb.key} {nb.best_tflops:.1f} TFLOPS" for nb in neighbours)
+    return (
+        f"\nWhat won next door ({won}): their best kernels, re-targeted to this shape, are in "
+        f"`{c.NEIGHBOURS}/` and listed in context.json `neighbours`."
+    )
+
+
+def neighbour_path(key: str) -> str:
+    """Where a neighbour's re-targeted kernel lies in the workspace."""
+    return f"{c.NEIGHBOURS}/{key}.cu"
 
 
 def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> Workspace:
@@ -237,6 +254,12 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
         best_knobs=ctx.best_knobs,
         headers=headers,
         build_command=command,
+        neighbours=[
+            c.NeighbourEntry(
+                **nb.model_dump(exclude={"source"}), source=neighbour_path(nb.key) if nb.source else ""
+            )
+            for nb in ctx.neighbours
+        ],
     )
     files = {
         c.TASK: task_prompt(context),
@@ -246,6 +269,9 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
         c.IDEAS: ideas_markdown(ctx.history),
         c.BUILD: f"# Build\n\n```\n{command}\n```\n\nThe harness flags and the run are croqq's.\n",
     }
+    files |= {neighbour_path(nb.key): nb.source for nb in ctx.neighbours if nb.source}
+    if any(nb.source for nb in ctx.neighbours):
+        (root / c.NEIGHBOURS).mkdir()
     for name, text in files.items():
         (root / name).write_text(text, encoding="utf-8")
     include = root / c.INCLUDE
@@ -258,7 +284,7 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
     (root / c.SCRATCH).mkdir()
     for rel in [*files, *(f"{c.INCLUDE}/{n}" for n in headers)]:
         (root / rel).chmod(0o444)
-    for folder in [include, *include.rglob("*")]:
+    for folder in [include, *include.rglob("*"), root / c.NEIGHBOURS]:
         if folder.is_dir():
             folder.chmod(0o555)
     return Workspace(root=root, before=snapshot(root))
