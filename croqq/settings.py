@@ -10,13 +10,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from croqq import patience
 from croqq.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+AGENT_NAMES = ("claude", "codex", "opencode", "cursor", "gemini", "aider", "scripted", "command")
 
 
 class Settings(BaseSettings):
@@ -122,8 +125,10 @@ class Settings(BaseSettings):
         "its nearest advanced neighbours (same GPU type, family, dtype), re-targeted to it and measured "
         "on it; an agent's context.json lists them. Off: every shape learns alone.",
     )
-    agent: Literal["claude", "codex", "opencode", "cursor", "gemini", "aider", "scripted", "command"] = Field(
-        "scripted", description="The agent preset for proposer=agent."
+    agent: str = Field(
+        "scripted",
+        description="The agent preset for proposer=agent; a comma list (claude,codex) spreads an iteration's "
+        "candidates over those agents, round-robin.",
     )
     agent_command: str = Field(
         "", description="agent=command: the command line (split like a shell, run without one)."
@@ -172,6 +177,12 @@ class Settings(BaseSettings):
     )
     pipeline_headroom: float = Field(
         1.5, ge=1.0, le=4.0, description="Adaptive: depth = headroom x (1 + off-GPU time / GPU time)."
+    )
+    candidates: int = Field(
+        1,
+        ge=1,
+        le=8,  # croqq.domain.fsm.MAX_CANDIDATES (a base module imports no layer)
+        description="Candidates one iteration gathers, when `croqq submit --candidates` gives none.",
     )
     profile_every: int = Field(
         10, ge=1, description="PROFILE every N iterations (plus iter 1, KEEPs, stalls)."
@@ -248,9 +259,25 @@ class Settings(BaseSettings):
     max_idle_util_pct: int = 10
     max_idle_mem_mib: int = 2048
 
+    @field_validator("agent")
+    @classmethod
+    def _agent_names(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",")]
+        unknown = [name for name in names if name not in AGENT_NAMES]
+        if unknown:
+            raise ValueError(
+                f"unknown agent {unknown[0]!r}; use one or a comma list of {', '.join(AGENT_NAMES)}"
+            )
+        return ",".join(names)
+
+    @property
+    def agents(self) -> list[str]:
+        """The agents of ``agent`` (one, or those an iteration's candidates are spread over)."""
+        return self.agent.split(",")
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        if self.proposer == "agent" and self.agent == "command" and not self.agent_command.strip():
+        if self.proposer == "agent" and "command" in self.agents and not self.agent_command.strip():
             raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
         if self.proposer != "agent":
             _refuse_an_unused_agent(self)
@@ -295,7 +322,7 @@ def _refuse_an_unused_agent(s: Settings) -> None:
     if not named:
         return
     use = "CROQQ_PROPOSER=agent" + (
-        " CROQQ_AGENT=command" if s.agent != "command" and s.agent_command.strip() else ""
+        " CROQQ_AGENT=command" if "command" not in s.agents and s.agent_command.strip() else ""
     )
     raise ConfigError(
         f"{' and '.join(named)} set while CROQQ_PROPOSER={s.proposer}, which never calls an agent: "

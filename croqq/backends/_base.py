@@ -49,6 +49,15 @@ class GpuContext:
     probe: GpuProbe
 
 
+@dataclass(frozen=True)
+class Batch:
+    """MEASURE of several candidates: the index of the one chosen, its result, every candidate's run."""
+
+    chosen: int
+    result: MeasureResult
+    runs: list[Measurement]
+
+
 class KernelRef(BaseModel):
     """The artifact string a build hands on in step state (a few hundred bytes, whatever was built)."""
 
@@ -154,6 +163,10 @@ class Backend(ABC):
             )
         return ref
 
+    def binary_digest(self, shape: Shape, artifact: str) -> str:
+        """The built bytes' hash (two candidates that compile to the same binary are one kernel)."""
+        return self.kernel_ref(shape, artifact).artifact.sha256
+
     def fetch(self, shape: Shape, artifact: str) -> bytes:
         """GPU side: an artifact's verified bytes (this host's cache, else Redis); never builds."""
         return self._fetched(shape, artifact, self.artifacts.get)
@@ -200,21 +213,38 @@ class Backend(ABC):
         best_tflops: float,
         rebase: bool = False,
     ) -> MeasureResult:
-        """MEASURE: optional re-measure of the best (after a migration), the candidate, then the
-        interleaved confirmation when the candidate looks like a win or fails the sanity rule."""
+        """MEASURE of one candidate (:meth:`measure_candidates` with a batch of one)."""
+        return self.measure_candidates(gpu, shape, [artifact], best_artifact, best_tflops, rebase).result
+
+    def measure_candidates(
+        self,
+        gpu: GpuContext,
+        shape: Shape,
+        artifacts: Sequence[str],
+        best_artifact: str | None,
+        best_tflops: float,
+        rebase: bool = False,
+    ) -> Batch:
+        """MEASURE: optional re-measure of the best (after a migration), the candidates in one interleaved
+        batch, then for the best of them (ok, highest TFLOPS; else the first) the interleaved confirmation
+        when it looks like a win or fails the sanity rule."""
         rebased: float | None = None
         if rebase and best_artifact is not None:
             (best_run,) = self.measure(gpu, shape, [best_artifact])
             if best_run.outcome == "ok":
                 rebased = best_run.tflops
                 best_tflops = rebased
-        (cand,) = self.measure(gpu, shape, [artifact])
+        runs = self.measure(gpu, shape, list(artifacts))
+        ok = [i for i, run in enumerate(runs) if run.outcome == "ok"]
+        chosen = max(ok, key=lambda i: runs[i].tflops) if ok else 0
+        cand = runs[chosen]
         confirmation = None
         if best_artifact is not None and needs_confirmation(cand, best_tflops, self.settings.noise_margin):
-            confirmation = self.confirm(gpu, shape, artifact, best_artifact)
-        return MeasureResult(
+            confirmation = self.confirm(gpu, shape, artifacts[chosen], best_artifact)
+        result = MeasureResult(
             candidate=cand, confirmation=confirmation, rebased_best_tflops=rebased, gpu_uuid=gpu.uuid
         )
+        return Batch(chosen=chosen, result=result, runs=runs)
 
     def confirm(self, gpu: GpuContext, shape: Shape, artifact: str, best_artifact: str) -> Confirmation:
         cand_runs: list[float] = []

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from croqq.backends import backend_manifest
 from croqq.cli import app
-from croqq.cli.common import load_settings
+from croqq.cli.common import CANDIDATES_HELP, candidates_or_default, load_settings
 from croqq.domain.manifest import Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule, expand_dtypes
 from croqq.domain.shapes import parse_dims
@@ -63,6 +63,7 @@ def submit(
     max_iter: int | None = typer.Option(
         None, "--max-iter", min=1, help="Override the mode's iteration count."
     ),
+    candidates: int | None = typer.Option(None, "--candidates", help=CANDIDATES_HELP),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type, e.g. sm90_NVIDIA_H100_80GB_HBM3."),
     limit: int | None = typer.Option(
         None, "--limit", min=1, help="Only the first N shapes of the schedule (by priority)."
@@ -82,6 +83,7 @@ def submit(
     iterations than asked is reopened. Nothing is enqueued if any argument is invalid.
     """
     settings = load_settings()
+    count = candidates_or_default(candidates, settings)
     manifest = backend_manifest(settings)  # with backend=replay: plus the replay dsl
     dsl = dsl or settings.dsl
     dims = parse_dims(shape) if shape else None
@@ -94,7 +96,7 @@ def submit(
     if dry_run:
         _dry_run(schedule, as_json)
         return
-    report = register(settings, manifest, schedule, dsl, mode, iterations, gpu)
+    report = register(settings, manifest, schedule, dsl, mode, iterations, gpu, count)
     if agent_calls is not None or agent_usd is not None:
         from croqq.delivery.redis_client import connect
         from croqq.work.agents import set_budget
@@ -158,6 +160,7 @@ def register(
     mode: str,
     max_iter: int,
     gpu: str | None,
+    candidates: int = 1,
 ) -> dict[str, object]:
     """Register a schedule with the cluster (in-process coordinator) and trigger GPU filling."""
     from croqq.delivery.messages import SubmitMessage
@@ -174,6 +177,7 @@ def register(
         dsl=dsl,
         mode=mode,
         max_iter=max_iter,
+        candidates=candidates,
         shapes=schedule,
     )
     result = Runtime(settings).intake.submit(msg)

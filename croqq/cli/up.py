@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from croqq.cli import app
-from croqq.cli.common import load_settings
+from croqq.cli.common import CANDIDATES_HELP, candidates_or_default, load_settings
 from croqq.cli.live import stop_on_signals
 from croqq.processes.local import LocalCluster
 
@@ -32,6 +32,7 @@ def up(
     limit: int | None = typer.Option(
         None, "--limit", min=1, help="With --dtype: only the first N shapes of the schedule (by priority)."
     ),
+    candidates: int | None = typer.Option(None, "--candidates", help="With --dtype: " + CANDIDATES_HELP),
     mode: str = typer.Option("from_current_best", "--mode", help="from_current_best | from_scratch."),
     sim_gpus: int | None = typer.Option(
         None, "--sim-gpus", min=1, help="Simulated GPUs (when NVML finds none)."
@@ -49,6 +50,7 @@ def up(
     from croqq.domain.shapes import parse_dims
 
     settings = load_settings()
+    count = candidates_or_default(candidates, settings)
     if dtype:  # refuse bad input before anything starts
         manifest = backend_manifest(settings)  # with backend=replay: the cache file is read here
         build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)
@@ -76,7 +78,7 @@ def up(
         submission = None
         if dtype:
             cluster.wait_gpus()
-            submission = cluster.submit(dtype, shape, max_iter, mode, limit=limit)
+            submission = cluster.submit(dtype, shape, max_iter, mode, limit=limit, candidates=count)
             console.print(f"submitted as {submission}")
         interrupted = _watch(cluster, submission, exit_when_done, console)
     except KeyboardInterrupt:

@@ -33,7 +33,7 @@ croqq:artifact:<sha256>        string  a build artifact's bytes (a binary, the s
                                        (SET NX); EX = artifact_ttl_s, refreshed on every put and get
 croqq:agents                   set     names of the agents that have a croqq:agent:<name> hash
 croqq:overhead                 list    per-iteration control-plane overhead in ms (newest first, capped)
-croqq:gpu_busy:<uuid>          hash    busy seconds and step counts per GPU (duty cycle)
+croqq:gpu_busy:<uuid>          hash    busy seconds, step and measurement counts per GPU (duty)
 croqq:depth:<uuid>             hash    a GPU's pipeline depth: decayed off-GPU and GPU step seconds of its
                                        shapes, observations, the depth last chosen (croqq.placement.depth)
 croqq:submission:<id>          string  JSON list of the sids of one submit

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from croqq.delivery.queues import StepKind
+from croqq.domain.fsm import MAX_CANDIDATES
 from croqq.domain.schedule import ScheduledShape
 from croqq.errors import InvalidRecordError
 
@@ -36,6 +37,7 @@ class SubmitMessage(_Message):
     dsl: str = Field(min_length=1)
     mode: str
     max_iter: int = Field(gt=0)
+    candidates: int = Field(1, ge=1, le=MAX_CANDIDATES)
     shapes: list[ScheduledShape] = Field(min_length=1)
 
 

@@ -7,6 +7,7 @@ from croqq.domain.records import Measurement, MeasureResult
 KEEP = "KEEP"
 DISCARD = "DISCARD"
 BASELINE = "BASELINE"
+SIBLING = "SIBLING"  # a candidate measured beside the iteration's chosen one (history, ideas.jsonl)
 SANITY_HIGH = 1.5
 SANITY_LOW = 0.5
 

@@ -16,6 +16,10 @@
   checkpoint) builds it before PROFILE or MEASURE (``BestBuilt``, phase unchanged); a GPU step that finds
   an artifact missing from the artifact store (``ArtifactLost``) clears it: the best is built again the
   same way, a lost candidate goes back to IMPLEMENT, a lost seed back to its build.
+- An iteration may gather several candidates (``Loop.candidates``): IDEATE proposes them all, IMPLEMENT
+  builds them all, MEASURE measures the built, distinct ones in one batch. ``Pending`` holds one of them
+  (the primary: the one DECIDE and STORE see, as with one candidate) and the others as ``siblings``; the
+  primary is the first proposed, then the first built, then the best measured (:func:`promote`).
 - An event that the current phase does not accept raises :class:`IllegalTransitionError`.
 """
 
@@ -34,6 +38,7 @@ from croqq.domain.records import (
     MeasureResult,
     Profile,
     Rejection,
+    Sibling,
     Strategy,
 )
 from croqq.errors import IllegalTransitionError
@@ -41,6 +46,7 @@ from croqq.errors import IllegalTransitionError
 STALL_PROFILE = 3
 STALL_ESCALATE = 5
 STALL_RADICAL = 10
+MAX_CANDIDATES = 8  # the most candidates one iteration gathers (``croqq submit --candidates``)
 
 
 class Phase(StrEnum):
@@ -80,8 +86,12 @@ class Profiled(_Event):
 
 
 class Proposed(_Event):
+    """IDEATE's candidates: ``idea`` is candidate number ``candidate``, the others are ``siblings``."""
+
     type: Literal["proposed"] = "proposed"
     idea: Idea
+    candidate: int = Field(1, ge=1)
+    siblings: list[Sibling] = []
 
 
 class Rejected(_Event):
@@ -89,11 +99,17 @@ class Rejected(_Event):
 
     type: Literal["rejected"] = "rejected"
     rejection: Rejection
+    siblings: list[Sibling] = []  # the iteration's other candidates, each rejected too
 
 
 class Built(_Event):
+    """IMPLEMENT's builds: the primary's, and the siblings' by candidate number (``repeats``: a sibling
+    whose binary is the same as an earlier candidate's -> that candidate's number)."""
+
     type: Literal["built"] = "built"
     build: BuildOutcome
+    builds: dict[int, BuildOutcome] = {}
+    repeats: dict[int, int] = {}
 
 
 class BestBuilt(_Event):
@@ -111,8 +127,13 @@ class ArtifactLost(_Event):
 
 
 class Measured(_Event):
+    """MEASURE's result for candidate ``candidate`` (None: the primary), the best of the batch; the other
+    candidates measured in the batch by number in ``measurements``."""
+
     type: Literal["measured"] = "measured"
     result: MeasureResult
+    candidate: int | None = None
+    measurements: dict[int, Measurement] = {}
 
 
 class Decided(_Event):
@@ -146,6 +167,41 @@ class Pending(BaseModel):
     tflops: float = 0.0
     best_before: float = 0.0
     attempt_no: int | None = None
+    candidate: int = Field(1, ge=1, description="The primary's number among the iteration's candidates.")
+    siblings: list[Sibling] = Field(default_factory=list, description="The iteration's other candidates.")
+
+    def sibling(self, candidate: int) -> Sibling:
+        for sib in self.siblings:
+            if sib.candidate == candidate:
+                return sib
+        raise IllegalTransitionError(f"candidate {candidate} is not a sibling of candidate {self.candidate}")
+
+    def with_siblings(self, update: dict[int, dict[str, object]]) -> Pending:
+        """The siblings named in ``update`` (by number) with those fields changed."""
+        sibs = [
+            s.model_copy(update=update[s.candidate]) if s.candidate in update else s for s in self.siblings
+        ]
+        return self.model_copy(update={"siblings": sibs})
+
+
+def promote(pending: Pending, candidate: int, measurement: Measurement | None = None) -> Pending:
+    """Make sibling ``candidate`` the primary; the former primary becomes a sibling (with ``measurement``,
+    its own in the batch, if it had one)."""
+    if candidate == pending.candidate:
+        return pending
+    chosen = pending.sibling(candidate)
+    former = Sibling(
+        candidate=pending.candidate, idea=pending.idea, build=pending.build, measurement=measurement
+    )
+    rest = [s for s in pending.siblings if s.candidate != candidate] + [former]
+    return pending.model_copy(
+        update={
+            "idea": chosen.idea,
+            "build": chosen.build,
+            "candidate": candidate,
+            "siblings": sorted(rest, key=lambda s: s.candidate),
+        }
+    )
 
 
 class Loop(BaseModel):
@@ -155,6 +211,7 @@ class Loop(BaseModel):
 
     phase: Phase = Phase.INIT
     max_iter: int = Field(gt=0)
+    candidates: int = Field(1, ge=1, le=MAX_CANDIDATES, description="Candidates gathered per iteration.")
     profile_every: int = Field(10, ge=1)
     noise_margin: float = Field(0.015, ge=0)
     current_iter: int = -1
@@ -321,19 +378,41 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
     return _after_store(updated.model_copy(update={"profile_due": _profile_due_after(updated, decision)}))
 
 
+def _built(loop: Loop, pending: Pending, ev: Built) -> Loop:
+    """The builds recorded; a primary that failed gives way to the first sibling that built; none built:
+    a compile-failure attempt (no iteration id) that lists every sibling."""
+    fields: dict[int, dict[str, object]] = {n: {"build": b} for n, b in ev.builds.items()}
+    for n, earlier in ev.repeats.items():
+        fields.setdefault(n, {})["repeat_of"] = earlier
+    built = pending.with_siblings(fields).model_copy(update={"build": ev.build})
+    if not ev.build.ok:
+        first = next((s for s in built.siblings if s.measurable), None)
+        if first is None:
+            attempt = built.model_copy(update={"attempt_no": loop.attempts + 1})
+            return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})
+        built = promote(built, first.candidate)
+    return loop.model_copy(update={"phase": Phase.MEASURE, "pending": built})
+
+
 def _artifact_lost(loop: Loop, ev: ArtifactLost) -> Loop:
-    """Forget a lost artifact: the best's (built again before the next GPU step), the candidate's (MEASURE
-    goes back to IMPLEMENT) or the seed's (BASELINE builds it again). An artifact the loop does not hold
-    is an error: nothing would change and the same step would run again."""
+    """Forget a lost artifact: the best's (built again before the next GPU step), a candidate's, the
+    primary's or a sibling's (MEASURE goes back to IMPLEMENT, which builds what has no build) or the
+    seed's (BASELINE builds it again). An artifact the loop does not hold is an error: nothing would
+    change and the same step would run again."""
     pending, lost = loop.pending, ev.artifact
     update: dict[str, object] = {}
     if lost and loop.best_artifact == lost:
         update["best_artifact"] = ""
-    if lost and pending is not None and pending.build is not None and pending.build.artifact == lost:
-        if loop.phase == Phase.BASELINE:
+    if lost and pending is not None and loop.phase in (Phase.BASELINE, Phase.MEASURE):
+        gone = [s.candidate for s in pending.siblings if s.build and s.build.artifact == lost]
+        primary = pending.build is not None and pending.build.artifact == lost
+        if primary and loop.phase == Phase.BASELINE:
             update["pending"] = None
-        elif loop.phase == Phase.MEASURE:
-            update |= {"phase": Phase.IMPLEMENT, "pending": pending.model_copy(update={"build": None})}
+        elif (primary or gone) and loop.phase == Phase.MEASURE:
+            rebuilt = pending.with_siblings({n: {"build": None} for n in gone})
+            if primary:
+                rebuilt = rebuilt.model_copy(update={"build": None})
+            update |= {"phase": Phase.IMPLEMENT, "pending": rebuilt}
     if not update:
         raise IllegalTransitionError(f"artifact_lost names no artifact this loop holds in phase {loop.phase}")
     return loop.model_copy(update=update)
@@ -362,16 +441,13 @@ def transition(loop: Loop, event: _Event) -> Loop:
             }
         )
     if isinstance(event, Proposed) and phase == Phase.IDEATE:
-        return loop.model_copy(update={"phase": Phase.IMPLEMENT, "pending": Pending(idea=event.idea)})
+        proposed = Pending(idea=event.idea, candidate=event.candidate, siblings=event.siblings)
+        return loop.model_copy(update={"phase": Phase.IMPLEMENT, "pending": proposed})
     if isinstance(event, Rejected) and phase == Phase.IDEATE:
-        attempt = Pending(rejection=event.rejection, attempt_no=loop.attempts + 1)
+        attempt = Pending(rejection=event.rejection, attempt_no=loop.attempts + 1, siblings=event.siblings)
         return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})
     if isinstance(event, Built) and phase == Phase.IMPLEMENT and loop.pending is not None:
-        if event.build.ok:
-            built = loop.pending.model_copy(update={"build": event.build})
-            return loop.model_copy(update={"phase": Phase.MEASURE, "pending": built})
-        attempt = loop.pending.model_copy(update={"build": event.build, "attempt_no": loop.attempts + 1})
-        return loop.model_copy(update={"phase": Phase.STORE, "pending": attempt})
+        return _built(loop, loop.pending, event)
     if isinstance(event, BestBuilt) and phase in (Phase.PROFILE, Phase.MEASURE) and loop.best_iter >= 0:
         return loop.model_copy(update={"best_artifact": event.artifact})
     if isinstance(event, ArtifactLost) and phase in (Phase.BASELINE, Phase.PROFILE, Phase.MEASURE):
@@ -382,7 +458,12 @@ def transition(loop: Loop, event: _Event) -> Loop:
             if event.result.rebased_best_tflops is not None
             else loop.best_tflops
         )
-        pending = loop.pending.model_copy(
+        pending = loop.pending.with_siblings(
+            {n: {"measurement": m} for n, m in event.measurements.items() if n != loop.pending.candidate}
+        )
+        if event.candidate is not None:
+            pending = promote(pending, event.candidate, event.measurements.get(loop.pending.candidate))
+        pending = pending.model_copy(
             update={"measure": event.result, "tflops": counted_tflops(event.result), "best_before": best}
         )
         return loop.model_copy(update={"phase": Phase.DECIDE, "pending": pending})

@@ -26,7 +26,7 @@ def next_phase(
         return "regenerate", "10+ iterations without a win: try a different kernel design"
     if strategy == "escalate":
         return "structural", "5+ iterations without a win: knob moves are exhausted, change the code"
-    changes = [e.change for e in history if e.iteration is not None and e.change]
+    changes = [e.change for e in history if e.iteration is not None and e.candidate is None and e.change]
     if len(changes) >= KNOB_RUN and all(c == "knobs" for c in changes[-KNOB_RUN:]):
         return "structural", f"the last {KNOB_RUN} changes were knob-only: make a structural change"
     if profile_fresh and changes and changes[-1] == "structural":

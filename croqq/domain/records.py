@@ -141,6 +141,29 @@ class MeasureResult(_Record):
     gpu_busy_s: float | None = Field(None, ge=0, description="How long the GPU step held the GPU, s.")
 
 
+class Sibling(_Record):
+    """One of an iteration's other candidates (``--candidates N``): its idea, or why it has none, its build,
+    its measurement in the iteration's batch; ``repeat_of`` names the candidate it repeats (same content
+    hash, or the same compiled binary), which is never built again or measured."""
+
+    candidate: int = Field(ge=1, description="Its number among the iteration's candidates (1..N).")
+    idea: Idea | None = None
+    rejection: Rejection | None = None
+    build: BuildOutcome | None = None
+    measurement: Measurement | None = None
+    repeat_of: int | None = Field(None, ge=1)
+
+    @property
+    def buildable(self) -> bool:
+        """Has an idea of its own to build (not rejected, not a repeat, not built yet)."""
+        return self.idea is not None and self.repeat_of is None and self.build is None
+
+    @property
+    def measurable(self) -> bool:
+        """Built, and not a repeat of another candidate's binary."""
+        return self.build is not None and self.build.ok and self.repeat_of is None
+
+
 class Profile(_Record):
     bottleneck: Bottleneck
     metrics: dict[str, float] = {}
@@ -162,11 +185,14 @@ class HistoryEntry(_Record):
     proposer: str = ""
     error: str = ""
     knobs: dict[str, int] = Field(default_factory=dict, description="The knob values measured or tried.")
+    candidate: int | None = Field(None, ge=1, description="Set on a sibling: its number in the iteration.")
 
     @property
     def field(self) -> str:
-        return f"i{self.iteration:03d}" if self.iteration is not None else f"a{self.attempt:03d}"
+        own = f"i{self.iteration:03d}" if self.iteration is not None else f"a{self.attempt:03d}"
+        return own if self.candidate is None else f"{own}c{self.candidate}"
 
     @property
-    def order(self) -> tuple[int, int]:
-        return (self.after_iter if self.iteration is None else self.iteration, self.iteration is None)
+    def order(self) -> tuple[int, int, int]:
+        where = self.after_iter if self.iteration is None else self.iteration
+        return (where, self.iteration is None, self.candidate or 0)

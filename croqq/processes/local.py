@@ -212,8 +212,10 @@ class LocalCluster:
         gpu_type: str | None = None,
         limit: int | None = None,
         dsl: str | None = None,
+        candidates: int | None = None,
     ) -> str:
-        """Register a submission (in-process coordinator; ``limit``: the first N shapes); return its id."""
+        """Register a submission (in-process coordinator; ``limit``: the first N shapes; ``candidates``
+        per iteration, default the setting); return its id."""
         from croqq.delivery.messages import SubmitMessage
         from croqq.domain.manifest import load_manifest
         from croqq.domain.schedule import build_schedule
@@ -230,6 +232,7 @@ class LocalCluster:
             dsl=dsl or self.settings.dsl,
             mode=mode,
             max_iter=max_iter or manifest.mode(mode).max_iter,
+            candidates=candidates or self.settings.candidates,
             shapes=schedule,
         )
         self.runtime().intake.submit(msg)

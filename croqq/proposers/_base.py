@@ -47,6 +47,8 @@ class ProposeContext(BaseModel):
     profile_metrics: dict[str, float] = {}
     tried: list[str]  # content hashes already proposed for this shape
     history: list[HistoryEntry] = []
+    candidate: int = 1  # this call's candidate among the iteration's (1..candidates)
+    candidates: int = 1  # how many candidates the iteration gathers (``croqq submit --candidates``)
     neighbours: list[NeighbourKernel] = []  # the nearest advanced neighbours' best kernels, re-targeted here
     seed: int = 0  # varies a seeded proposer's draws between runs on one shape (benchmarks); 0 in a cluster
 
@@ -71,6 +73,11 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, ctx: ProposeContext) -> Idea | Rejection:
         """A new idea for this shape (its content hash not in ``ctx.tried``), or why there is none."""
+
+    def for_candidate(self, candidate: int) -> Proposer:
+        """Who makes candidate ``candidate`` (1..N) of an iteration: this proposer (a list of agents
+        spreads the candidates over its agents)."""
+        return self
 
     def check_ready(self) -> None:  # noqa: B027 (most proposers need nothing)
         """Raise ConfigError (one line) when this proposer cannot run on this host (worker start-up)."""

@@ -33,7 +33,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from croqq.domain.decide import BASELINE, DISCARD, KEEP
+from croqq.domain.decide import BASELINE, DISCARD, KEEP, SIBLING
 from croqq.domain.records import HistoryEntry, Idea
 from croqq.errors import TerminalError
 from croqq.proposers._base import ProposeContext, Proposer
@@ -48,7 +48,7 @@ PRIOR = 1.0  # pseudo-count spread uniformly over a knob's values
 SPREAD_DRAWS = 24  # uniform draws ranked by how likely they are to build, before the model
 FALLBACK_DRAWS = 2000  # uniform draws once every ranked candidate was tried
 DRAWS = 24  # candidates drawn from the good density per idea
-MEASURED = (BASELINE, KEEP, DISCARD)
+MEASURED = (BASELINE, KEEP, DISCARD, SIBLING)
 
 
 Knobs = dict[str, int]
@@ -84,7 +84,7 @@ def seen(ctx: ProposeContext) -> Seen:
 
 
 def _failed(entry: HistoryEntry) -> bool:
-    return entry.decision == "ATTEMPT_compile" or entry.decision.startswith("FAIL_")
+    return entry.decision == "ATTEMPT_compile" or entry.decision.startswith(("FAIL_", f"{SIBLING}_FAIL_"))
 
 
 @functools.cache

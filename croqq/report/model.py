@@ -60,6 +60,7 @@ class ShapeData:
     attempts: dict[str, int] = field(default_factory=dict)  # attempt kind -> count
     busy: list[Busy] = field(default_factory=list)
     imported: int = 0  # iterations brought in by `croqq import`
+    siblings: int = 0  # other candidates measured beside the iterations' chosen ones (--candidates N)
 
     @property
     def dims(self) -> tuple[int, int, int]:
@@ -189,6 +190,7 @@ def _add_round(shape: ShapeData, rnd: RoundRecord) -> None:
     if measure.vendor_tflops and (rnd.iteration == 0 or shape.vendor_tflops is None):
         shape.vendor_tflops = measure.vendor_tflops
     shape.imported += rnd.imported is not None
+    shape.siblings += sum(s.measurement is not None for s in rnd.siblings)
     spans = [(measure.gpu_started_at, measure.gpu_busy_s)]
     if rnd.profile is not None:
         spans.append((rnd.profile.gpu_started_at, rnd.profile.gpu_busy_s))

@@ -86,17 +86,20 @@ def summary(data: RepoData, manifest: Manifest) -> Section:
                     str(decisions.count("KEEP")),
                     str(sum(d.startswith(FAIL_PREFIX) for d in decisions)),
                     str(sum(sum(s.attempts.values()) for s in shapes)),
+                    str(sum(s.siblings for s in shapes)),
                     _best(shapes, lambda s: s.speedup),
                     _best(shapes, lambda s: s.vs_vendor),
                 ]
             )
     header = ["run", "dtype", "done", "active", "pending", "iterations", "KEEP", "FAIL", "attempts"]
+    header += ["siblings measured"]
     header += ["best / baseline: median / max", f"best / {VENDOR}: median / max"]
     return Section(
         "summary",
         "Summary",
-        "Per run and dtype. Iterations include each shape's baseline (iteration 0); pending shapes were "
-        "submitted but have stored nothing yet.",
+        "Per run and dtype. Iterations include each shape's baseline (iteration 0); siblings measured are "
+        "the other candidates measured beside an iteration's chosen one (--candidates N); pending shapes "
+        "were submitted but have stored nothing yet.",
         tables=[Table(header, rows)],
     )
 
@@ -115,13 +118,14 @@ def shape_table(data: RepoData) -> Section:
             _x(s.speedup),
             _x(s.vs_vendor),
             str(sum(s.attempts.values())),
+            str(s.siblings),
             str(s.imported),
         ]
         for s in shapes
     ]
     header = ["key", "run", "status", "iter/max", "baseline", "best", VENDOR, "x baseline", f"x {VENDOR}"]
     table = Table(
-        [*header, "attempts", "imported iters"],
+        [*header, "attempts", "siblings", "imported iters"],
         rows,
         collapsed=f"all {len(rows)} shapes, by speedup (TFLOPS)",
     )

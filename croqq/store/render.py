@@ -23,6 +23,7 @@ from croqq.store.schema import (
     Checkpoint,
     ResultsRow,
     RoundRecord,
+    SiblingRecord,
     StateEntry,
     StateFile,
     StoreRequest,
@@ -127,6 +128,25 @@ def _oneline(text: str) -> str:
     return " ".join(text.split())
 
 
+def _sibling_line(candidate: int, sib: SiblingRecord) -> str:
+    """One of the iteration's other candidates, beside candidate ``candidate`` (the measured one)."""
+    what = f"`{sib.idea.tag}`: {_oneline(sib.idea.summary)}" if sib.idea else "no candidate"
+    m = sib.measurement
+    if sib.repeat_of is not None:
+        how = f"repeats candidate {sib.repeat_of}"
+    elif sib.rejection is not None:
+        how = f"refused ({sib.rejection.kind}): {_oneline(sib.rejection.reason)}"
+    elif sib.built is False:
+        how = f"did not build: {_oneline(sib.build_reason)}"
+    elif m is not None:
+        how = f"measured {m.outcome}, {m.tflops:.2f} TFLOPS in the same batch" + (
+            f", `{sib.kernel}`" if sib.kernel else ""
+        )
+    else:
+        how = "not measured"
+    return f"- candidate {sib.candidate} (beside {candidate}): {what}; {how}"
+
+
 def round_markdown(rnd: RoundRecord) -> str:
     """A readable section for one round (the same facts as its rounds.raw.jsonl line)."""
     cand = rnd.measure.candidate
@@ -156,6 +176,7 @@ def round_markdown(rnd: RoundRecord) -> str:
         )
     if rnd.measure.vendor_tflops is not None:
         lines.append(f"- vendor library: {rnd.measure.vendor_tflops:.2f} TFLOPS")
+    lines += [_sibling_line(rnd.candidate, s) for s in rnd.siblings]
     lines.append(f"- bottleneck: {rnd.bottleneck}; strategy {rnd.strategy}")
     lines.append(f"- run: `{_oneline(rnd.run_command) or '-'}`")
     lines.append(f"- gpu {rnd.gpu_uuid or '-'}, epoch {rnd.epoch}, step {rnd.step_id}, {rnd.timestamp}")

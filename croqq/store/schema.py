@@ -10,7 +10,16 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from croqq.domain.records import AgentUsage, Idea, MeasureResult, Profile, RejectionKind
+from croqq.domain.fsm import MAX_CANDIDATES
+from croqq.domain.records import (
+    AgentUsage,
+    Idea,
+    Measurement,
+    MeasureResult,
+    Profile,
+    Rejection,
+    RejectionKind,
+)
 from croqq.domain.schedule import ScheduledShape
 
 SCHEMA_VERSION: Final = 1
@@ -64,6 +73,7 @@ class Checkpoint(_Schema):
     seed_knobs: dict[str, int]
     consecutive_discards: int = Field(ge=0)
     attempts: int = Field(ge=0)
+    candidates: int = Field(1, ge=1, le=MAX_CANDIDATES)
     keeps: int = Field(0, ge=0)
     fails: int = Field(0, ge=0)
     status: Status
@@ -112,6 +122,44 @@ class Imported(_Schema):
     row_hash: str
 
 
+class SiblingRecord(_Schema):
+    """One of an iteration's other candidates (``--candidates N``), in its round's or attempt's record:
+    its idea (or why it has none), whether it built, its measurement in the iteration's batch, the
+    candidate it repeats (same content hash or same binary: never measured), and its stored source
+    (``srcs/iterNNN_c<candidate>-<tag>``, for every candidate that built; '' otherwise)."""
+
+    candidate: int = Field(ge=1)
+    idea: Idea | None = None
+    rejection: Rejection | None = None
+    built: bool | None = Field(None, description="None: never built (rejected, or a repeat).")
+    build_reason: str = ""
+    measurement: Measurement | None = None
+    repeat_of: int | None = Field(None, ge=1)
+    kernel: str = ""
+
+    @property
+    def tflops(self) -> float:
+        m = self.measurement
+        return m.tflops if m is not None and m.outcome == "ok" else 0.0
+
+
+def sibling_problem(candidate: int, siblings: list[SiblingRecord]) -> str | None:
+    """Why a record's siblings do not fit together (None: they do): numbers unique and not the
+    candidate's own, a repeat names another candidate, only a built sibling has a measurement."""
+    numbers = [s.candidate for s in siblings]
+    if len(set(numbers)) != len(numbers) or candidate in numbers:
+        return f"sibling candidate numbers {numbers} repeat (or repeat the record's own, {candidate})"
+    known = {candidate, *numbers}
+    for s in siblings:
+        if s.repeat_of is not None and (s.repeat_of not in known or s.repeat_of == s.candidate):
+            return f"sibling {s.candidate} repeats candidate {s.repeat_of}, which is not another candidate"
+        if s.measurement is not None and s.built is not True:
+            return f"sibling {s.candidate} has a measurement but did not build"
+        if s.idea is None and s.rejection is None:
+            return f"sibling {s.candidate} has neither an idea nor a rejection"
+    return None
+
+
 class RoundRecord(_Schema):
     """One line of rounds.raw.jsonl: everything known about one measured iteration."""
 
@@ -137,6 +185,8 @@ class RoundRecord(_Schema):
     step_id: str
     timestamp: str
     imported: Imported | None = None  # set on rounds brought in by `croqq import`
+    candidate: int = Field(1, ge=1, description="The measured candidate's number among the iteration's.")
+    siblings: list[SiblingRecord] = Field(default_factory=list, description="The iteration's others.")
 
 
 AttemptKind = Literal["compile", "run"] | RejectionKind
@@ -162,6 +212,8 @@ class AttemptRecord(_Schema):
     step_id: str
     timestamp: str
     imported: Imported | None = None
+    candidate: int = Field(1, ge=1, description="This attempt's candidate number among the iteration's.")
+    siblings: list[SiblingRecord] = Field(default_factory=list, description="The iteration's others.")
 
 
 class IdeaEntry(_Schema):
@@ -196,6 +248,10 @@ class StoreRequest(_Schema):
     complete: bool = Field(False, description="This STORE completes the shape: register its best kernel.")
     best_source: str = Field("", description="Logical source of the best kernel, when complete.")
     best_headers: dict[str, str] = Field(default_factory=dict)
+    sibling_sources: dict[str, str] = Field(
+        default_factory=dict, description="Each built sibling's source by its kernel path (srcs/)."
+    )
+    sibling_headers: dict[str, str] = Field(default_factory=dict, description="Their header closures.")
 
 
 class SubmissionRecord(_Schema):
@@ -207,6 +263,7 @@ class SubmissionRecord(_Schema):
     dsl: str
     mode: str
     max_iter: int = Field(gt=0)
+    candidates: int = Field(1, ge=1, le=MAX_CANDIDATES)
     shapes: list[ScheduledShape]
     timestamp: str
 

@@ -47,8 +47,10 @@ from croqq.store.schema import (
     ImportedLog,
     ResultsRow,
     RoundRecord,
+    SiblingRecord,
     StateEntry,
     StateFile,
+    sibling_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -329,9 +331,18 @@ class _ShapeCheck:
         for row in rows:
             self.check_path(self.run.results_tsv(self.key), f"iter {row.iter:03d} kernel", row.kernel, True)
         for rnd in rounds:
-            self.check_path(
-                self.run.rounds_raw(self.key), f"iter {rnd.iteration:03d} kernel", rnd.kernel, False
-            )
+            where = self.run.rounds_raw(self.key)
+            self.check_path(where, f"iter {rnd.iteration:03d} kernel", rnd.kernel, False)
+            self.siblings(where, f"iter {rnd.iteration:03d}", rnd.candidate, rnd.siblings)
+
+    def siblings(self, where: str, label: str, candidate: int, siblings: list[SiblingRecord]) -> None:
+        """An iteration's (or attempt's) other candidates fit together; a stored sibling source exists."""
+        problem = sibling_problem(candidate, siblings)
+        if problem:
+            self.add(where, f"{label}: {problem}")
+        for sib in siblings:
+            if sib.kernel:
+                self.check_path(where, f"{label} sibling {sib.candidate} kernel", sib.kernel, True)
 
     def ideas(self) -> None:
         path = self.run.ideas(self.key)
@@ -355,6 +366,8 @@ class _ShapeCheck:
         records = self.r._parse(self.key, parse_jsonl, data, AttemptRecord, path)
         if records is not None and [a.attempt_no for a in records] != list(range(1, len(records) + 1)):
             self.add(path, "attempt numbers are not 1, 2, 3, ...")
+        for att in records or []:
+            self.siblings(path, f"attempt {att.attempt_no}", att.candidate, att.siblings)
 
     def sources(self) -> None:
         folder = self.run.srcs_dir(self.key)

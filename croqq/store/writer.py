@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from croqq.domain import source
+from croqq.domain.decide import SIBLING
 from croqq.errors import InvalidRecordError, StoreGapError
 from croqq.store import paths, render
 from croqq.store.gitrepo import GitRepo, blob_id_of
@@ -30,10 +31,12 @@ from croqq.store.schema import (
     Checkpoint,
     IdeaEntry,
     RoundRecord,
+    SiblingRecord,
     StateFile,
     StoreReceipt,
     StoreRequest,
     SubmissionRecord,
+    sibling_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,15 @@ def _check_iteration(req: StoreRequest, rnd: RoundRecord) -> None:
         raise _refuse(req, "an iteration needs its source")
     if req.complete and (not req.best_source or ck.status != "done"):
         raise _refuse(req, "complete needs best_source and a checkpoint with status done")
+    problem = sibling_problem(rnd.candidate, rnd.siblings)
+    if problem:
+        raise _refuse(req, problem)
+    kernels = {s.kernel for s in rnd.siblings if s.kernel}
+    if set(req.sibling_sources) != kernels:
+        raise _refuse(req, "sibling sources are not the siblings' kernels")
+    folder = paths.RunPaths(req.gpu, req.dsl).srcs_dir(req.key) + "/"
+    if any(not k.startswith(folder) or not paths.is_inside_repo(k) for k in kernels):
+        raise _refuse(req, f"a sibling kernel is not under {folder}")
 
 
 def _check_attempt(req: StoreRequest, att: AttemptRecord) -> None:
@@ -88,6 +100,9 @@ def _check_attempt(req: StoreRequest, att: AttemptRecord) -> None:
         raise _refuse(req, f"checkpoint attempts {req.checkpoint.attempts} != attempt_no {att.attempt_no}")
     if req.complete:
         raise _refuse(req, "a compile-failed attempt cannot complete a shape")
+    problem = sibling_problem(att.candidate, att.siblings)
+    if problem:
+        raise _refuse(req, problem)
 
 
 def check_request(req: StoreRequest) -> None:
@@ -239,6 +254,28 @@ def _idea_entry(req: StoreRequest, rnd: RoundRecord) -> IdeaEntry:
     )
 
 
+def _sibling_idea(sib: SiblingRecord) -> dict[str, object]:
+    """A sibling's ideas.jsonl fields (its decision: SIBLING, or how it failed)."""
+    assert sib.idea is not None
+    m = sib.measurement
+    if sib.repeat_of is not None:
+        decision = "REJECTED_repeat"
+    elif sib.built is False:
+        decision = COMPILE_FAIL
+    elif m is not None and m.outcome != "ok":
+        decision = f"{SIBLING}_FAIL_{m.outcome}"
+    else:
+        decision = SIBLING
+    return {
+        "content_hash": sib.idea.content_hash,
+        "tag": sib.idea.tag,
+        "summary": sib.idea.summary,
+        "strategy": sib.idea.strategy,
+        "decision": decision,
+        "tflops": sib.tflops,
+    }
+
+
 def _stage_iteration(draft: _Draft, req: StoreRequest, rnd: RoundRecord) -> None:
     run, key = paths.RunPaths(req.gpu, req.dsl), req.key
     draft.append(run.results_tsv(key), render.tsv_line(render.results_row(rnd)), render.tsv_header())
@@ -246,6 +283,12 @@ def _stage_iteration(draft: _Draft, req: StoreRequest, rnd: RoundRecord) -> None
     draft.append(run.rounds_md(key), render.round_markdown(rnd), render.rounds_md_header(key))
     draft.append(run.ideas(key), _idea_entry(req, rnd).model_dump_json() + "\n")
     draft.put_source(run.root, src_path(req, rnd), req.source, req.headers)
+    for path, text in req.sibling_sources.items():
+        draft.put_source(run.root, path, text, req.sibling_headers)
+    for sib in rnd.siblings:
+        if sib.idea is not None:
+            entry = _idea_entry(req, rnd).model_copy(update=_sibling_idea(sib))
+            draft.append(run.ideas(key), entry.model_dump_json() + "\n")
     draft.put(run.timing(key, rnd.iteration), render.timing_text(rnd))
     if rnd.profile is not None:
         draft.put(run.profile(key, rnd.iteration), render.profile_text(rnd))
@@ -257,6 +300,10 @@ def _stage_iteration(draft: _Draft, req: StoreRequest, rnd: RoundRecord) -> None
 def _stage_attempt(draft: _Draft, req: StoreRequest, att: AttemptRecord) -> None:
     run, key = paths.RunPaths(req.gpu, req.dsl), req.key
     draft.append(run.attempts(key), att.model_dump_json() + "\n")
+    for sib in att.siblings:
+        if sib.idea is not None:
+            entry = IdeaEntry(iteration=None, **_sibling_idea(sib))
+            draft.append(run.ideas(key), entry.model_dump_json() + "\n")
     if att.idea is None:
         return
     entry = IdeaEntry(

@@ -41,17 +41,20 @@ class Advance:
             state.loop = transition(state.loop, decide_event(state.loop))
         if isinstance(event, Measured):
             state.needs_rebase = False
-        tried = ""
-        if isinstance(event, Proposed):
-            tried = event.idea.content_hash
-        elif isinstance(event, Rejected):
-            tried = event.rejection.content_hash or ""
+        tried: list[str] = []
+        if isinstance(event, Proposed | Rejected):  # every candidate's hash: none is proposed again
+            first = event.idea.content_hash if isinstance(event, Proposed) else event.rejection.content_hash
+            others = [
+                s.idea.content_hash if s.idea else (s.rejection.content_hash if s.rejection else "")
+                for s in event.siblings
+            ]
+            tried = [h for h in (first, *others) if h]
 
         def write(pipe: Any) -> None:
             if state.gpu_uuid and phase_before != Phase.BASELINE:  # once a life: not its cycle
                 depth.observe(pipe, state.gpu_uuid, record, now)
             if tried:
-                pipe.sadd(keys.ideas(state.sid), tried)
+                pipe.sadd(keys.ideas(state.sid), *tried)
             if isinstance(event, Stored):
                 assert before is not None
                 for hook in self.on_stored:

@@ -9,7 +9,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from croqq import diskspace
 from croqq.backends.toolchain import candidate_of, knob_candidate
@@ -30,7 +31,7 @@ from croqq.domain.fsm import (
 )
 from croqq.domain.knobs import Candidate, seed_knobs
 from croqq.domain.phases import next_phase
-from croqq.domain.records import BuildOutcome, Idea
+from croqq.domain.records import BuildOutcome, Idea, Rejection, Sibling
 from croqq.domain.source import SourceError
 from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.proposers._base import ProposeContext
@@ -110,25 +111,30 @@ def profile(rt: Runtime, state: ShapeState, msg: StepMessage) -> Profiled:
 
 
 def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejected:
-    """A new candidate: a neighbour's best kernel while transfer is due (no proposer call), else the
-    proposer's idea. A simulated think time applies to proposer calls only."""
+    """Gather the iteration's ``loop.candidates`` candidates: while transfer is due, the nearest advanced
+    neighbours' best kernels fill the first slots (no proposer call for them), the proposer the slots left
+    (:func:`gather`); one event names them all (:func:`candidates_event`). A simulated think time applies
+    when the proposer was called."""
     proposer = rt.proposer
     ctx = propose_context(rt, state)
-    offered = transfer.neighbour_ideas(rt, state, ctx, limit=1)
-    if offered:
-        answer = offered[0]
-    else:
-        if proposer.is_agent:
-            agents.wait_until_allowed(rt.client, proposer.name, state.key)  # DeferredError: the shape waits
-        answer = proposer.propose(ctx)
-        if proposer.is_agent:
-            agents.record_call(rt.client, proposer.name, answer, rt.settings)
-        if rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
-            time.sleep(think_s(rt.settings, msg.step_id) * rt.settings.time_scale)
-    if isinstance(answer, Idea):
-        return Proposed(idea=answer)
-    log.info("%s iter%03d: %s rejected: %s", state.key, ctx.iteration, answer.proposer, answer.reason)
-    return Rejected(rejection=answer)
+    ready = transfer.neighbour_ideas(rt, state, ctx, limit=ctx.candidates)
+    calls = range(len(ready) + 1, ctx.candidates + 1)
+    if proposer.is_agent:  # DeferredError: the shape waits
+        for name in dict.fromkeys(proposer.for_candidate(n).name for n in calls):
+            agents.wait_until_allowed(rt.client, name, state.key)
+    answers = gather(rt, state, ctx, ready)
+    if calls and rt.settings.backend == "sim" and rt.settings.time_scale > 0 and not proposer.is_agent:
+        time.sleep(think_s(rt.settings, msg.step_id) * rt.settings.time_scale)
+    event = candidates_event(answers)
+    if isinstance(event, Rejected):
+        log.info(
+            "%s iter%03d: %s rejected: %s",
+            state.key,
+            ctx.iteration,
+            event.rejection.proposer,
+            event.rejection.reason,
+        )
+    return event
 
 
 def propose_context(rt: Runtime, state: ShapeState) -> ProposeContext:
@@ -142,6 +148,7 @@ def propose_context(rt: Runtime, state: ShapeState) -> ProposeContext:
         dsl=state.dsl,
         gpu_type=state.gpu_type,
         iteration=loop.current_iter + 1,
+        candidates=loop.candidates,
         knob_space=rt.manifest.dsl(state.dsl).knobs,
         best_knobs=loop.best_knobs or loop.seed_knobs,
         best_source=_best_source(rt, state),
@@ -160,6 +167,64 @@ def propose_context(rt: Runtime, state: ShapeState) -> ProposeContext:
         history=history,
         neighbours=transfer.advanced_neighbours(rt, state),
     )
+
+
+def gather(
+    rt: Runtime, state: ShapeState, ctx: ProposeContext, ready: Sequence[Idea | Rejection] = ()
+) -> list[Idea | Rejection]:
+    """The answers for candidates 1..N in order: ``ready`` first, then one proposer call per slot left,
+    each with its own ``candidate`` number. A search strategy (milliseconds) is called slot after slot,
+    each call with the earlier answers' hashes added to ``tried`` so that it never repeats them; agents run
+    in parallel threads, spread round-robin over the configured agents. Every agent call is recorded."""
+    answers: list[Idea | Rejection] = list(ready[: ctx.candidates])
+    slots = range(len(answers) + 1, ctx.candidates + 1)
+    if not rt.proposer.is_agent:
+        for n in slots:
+            tried = [*ctx.tried, *(a.content_hash for a in answers if a.content_hash)]
+            answers.append(rt.proposer.propose(ctx.model_copy(update={"candidate": n, "tried": tried})))
+        return answers
+
+    def call(n: int) -> Idea | Rejection:
+        proposer = rt.proposer.for_candidate(n)
+        answer = proposer.propose(ctx.model_copy(update={"candidate": n}))
+        agents.record_call(rt.client, proposer.name, answer, rt.settings)
+        return answer
+
+    if len(slots) <= 1:
+        return answers + [call(n) for n in slots]
+    with ThreadPoolExecutor(len(slots), thread_name_prefix=f"ideate-{state.key}") as pool:
+        return answers + list(pool.map(call, slots))
+
+
+def candidates_event(answers: Sequence[Idea | Rejection]) -> Proposed | Rejected:
+    """One event for candidates 1..N: the first idea is the primary, the others siblings; an idea whose
+    content hash an earlier candidate has is a repeat of it (never built); none: the first rejection,
+    with every other candidate as a sibling."""
+    first: dict[str, int] = {}
+    sibs: list[Sibling] = []
+    for n, answer in enumerate(answers, start=1):
+        if isinstance(answer, Rejection):
+            sibs.append(Sibling(candidate=n, rejection=answer))
+        elif answer.content_hash in first:
+            earlier = first[answer.content_hash]
+            why = Rejection(
+                proposer=answer.proposer,
+                reason=f"candidate {n} repeats candidate {earlier} (content hash {answer.content_hash[:12]})",
+                kind="repeat",
+                agent=answer.agent,
+                summary=answer.summary,
+                content_hash=answer.content_hash,
+            )
+            sibs.append(Sibling(candidate=n, rejection=why, repeat_of=earlier))
+        else:
+            first[answer.content_hash] = n
+            sibs.append(Sibling(candidate=n, idea=answer))
+    primary = next((s for s in sibs if s.idea is not None), None)
+    if primary is None or primary.idea is None:  # every candidate a rejection (a repeat needs an idea)
+        assert sibs[0].rejection is not None
+        return Rejected(rejection=sibs[0].rejection, siblings=sibs[1:])
+    others = [s for s in sibs if s.candidate != primary.candidate]
+    return Proposed(idea=primary.idea, candidate=primary.candidate, siblings=others)
 
 
 def think_s(settings: Settings, step_id: str) -> float:
@@ -182,11 +247,30 @@ def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built | BestB
         return BestBuilt(artifact=_build_best(rt, state))
     if pending is None or pending.idea is None:
         raise IllegalTransitionError(f"{state.key}: IMPLEMENT without an idea")
+    build = pending.build or _build_idea(rt, state, pending.idea)
+    builds: dict[int, BuildOutcome] = {}
+    repeats: dict[int, int] = {}
+    binaries = {rt.backend.binary_digest(state.shape, build.artifact): pending.candidate} if build.ok else {}
+    for sib in pending.siblings:  # built one after another: a build host compiles one kernel at a time
+        if sib.buildable:
+            assert sib.idea is not None
+            builds[sib.candidate] = _build_idea(rt, state, sib.idea)
+        sib_build = builds.get(sib.candidate) or (sib.build if sib.measurable else None)
+        if sib_build is None or not sib_build.ok:
+            continue
+        digest = rt.backend.binary_digest(state.shape, sib_build.artifact)
+        if digest in binaries and sib.candidate in builds:  # the same bytes: measured once
+            repeats[sib.candidate] = binaries[digest]
+        binaries.setdefault(digest, sib.candidate)
+    return Built(build=build, builds=builds, repeats=repeats)
+
+
+def _build_idea(rt: Runtime, state: ShapeState, idea: Idea) -> BuildOutcome:
     try:
-        cand = _candidate(rt, state, pending.idea.source)
+        cand = _candidate(rt, state, idea.source)
     except SourceError as exc:  # a header this build host does not have: the build fails, like nvcc's
-        return Built(build=BuildOutcome(ok=False, reason=str(exc)[:300], log=str(exc)))
-    return Built(build=rt.backend.build(state.shape, cand))
+        return BuildOutcome(ok=False, reason=str(exc)[:300], log=str(exc))
+    return rt.backend.build(state.shape, cand)
 
 
 def _build_best(rt: Runtime, state: ShapeState) -> str:
@@ -204,17 +288,21 @@ def measure(rt: Runtime, state: ShapeState, msg: StepMessage) -> Measured:
     best_artifact = _best_artifact(state) if loop.best_iter >= 0 else None
     gpu = rt.gpu
     guard.gate(rt, gpu, f"measure {state.key} iter{loop.current_iter + 1:03d}")
-    with guard.busy(rt, gpu) as span:
-        result = rt.backend.measure_candidate(
-            gpu,
-            state.shape,
-            pending.build.artifact,
-            best_artifact,
-            loop.best_tflops,
-            rebase=state.needs_rebase,
+    batch = [(s.candidate, s.build.artifact) for s in pending.siblings if s.measurable and s.build]
+    numbers, artifacts = zip(*[(pending.candidate, pending.build.artifact), *batch], strict=True)
+    with guard.busy(rt, gpu, measurements=len(artifacts)) as span:
+        measured = rt.backend.measure_candidates(
+            gpu, state.shape, artifacts, best_artifact, loop.best_tflops, rebase=state.needs_rebase
         )
-    guard.after_run(gpu, result.candidate)
-    return Measured(result=result.model_copy(update=span.fields()))
+    result = measured.result
+    for run in measured.runs:
+        guard.after_run(gpu, run)
+    chosen = numbers[measured.chosen]
+    return Measured(
+        result=result.model_copy(update=span.fields()),
+        candidate=chosen if chosen != pending.candidate else None,
+        measurements={n: run for n, run in zip(numbers, measured.runs, strict=True) if n != chosen},
+    )
 
 
 def store_request_for(rt: Runtime, state: ShapeState, msg: StepMessage) -> StoreRequest:

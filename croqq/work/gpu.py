@@ -80,12 +80,15 @@ class BusySpan:
 
 
 @contextmanager
-def busy(rt: Runtime, gpu: GpuContext) -> Iterator[BusySpan]:
-    """Count the time the GPU works (duty cycle); clear its 'current step' afterwards."""
+def busy(rt: Runtime, gpu: GpuContext, measurements: int = 1) -> Iterator[BusySpan]:
+    """Count the time the GPU works (duty cycle) and the kernels it measures in it (a MEASURE of several
+    candidates measures each); clear its 'current step' afterwards."""
     span = BusySpan(clock.now(rt.client))
     try:
         yield span
     finally:
         end = clock.now(rt.client)
         span.busy_s = max(0.0, end - span.started_at)
-        stats.record_busy(rt.client, gpu.uuid, span.started_at, end, clear_current=keys.gpu(gpu.uuid))
+        stats.record_busy(
+            rt.client, gpu.uuid, span.started_at, end, clear_current=keys.gpu(gpu.uuid), kernels=measurements
+        )

@@ -13,10 +13,10 @@ import redis
 
 from croqq.delivery import keys
 from croqq.delivery.state import ShapeState, split_sid
-from croqq.domain.decide import BASELINE
+from croqq.domain.decide import BASELINE, SIBLING
 from croqq.domain.fsm import Stored
-from croqq.domain.records import HistoryEntry
-from croqq.store.schema import AttemptRecord, RoundRecord
+from croqq.domain.records import HistoryEntry, Idea, Measurement, Rejection
+from croqq.store.schema import AttemptRecord, RoundRecord, SiblingRecord
 
 if TYPE_CHECKING:
     from croqq.store.gitrepo import GitRepo
@@ -56,7 +56,63 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
             error=error[:EXCERPT],
             knobs=idea.knobs if idea else {},
         )
-    pipe.hset(keys.history(before.sid), entry.field, entry.model_dump_json())
+    sibs = [
+        sibling_entry(
+            entry,
+            s.candidate,
+            s.idea,
+            s.rejection,
+            s.measurement,
+            s.repeat_of,
+            s.build.reason if s.build and not s.build.ok else "",
+        )
+        for s in pending.siblings
+    ]
+    pipe.hset(keys.history(before.sid), mapping={e.field: e.model_dump_json() for e in (entry, *sibs)})
+
+
+def sibling_entry(
+    own: HistoryEntry,
+    candidate: int,
+    idea: Idea | None,
+    rejection: Rejection | None,
+    measurement: Measurement | None,
+    repeat_of: int | None,
+    build_error: str,
+) -> HistoryEntry:
+    """The history line of a sibling of ``own`` (its iteration's or attempt's entry): SIBLING with its
+    TFLOPS when measured, else how it failed."""
+    if repeat_of is not None:
+        decision, error = "REPEAT", f"repeats candidate {repeat_of}"
+    elif rejection is not None:
+        decision, error = f"ATTEMPT_{rejection.kind}", rejection.reason
+    elif build_error:
+        decision, error = "ATTEMPT_compile", build_error
+    elif measurement is not None and measurement.outcome != "ok":
+        decision, error = f"SIBLING_FAIL_{measurement.outcome}", measurement.detail
+    else:
+        decision, error = (SIBLING, "") if measurement is not None else ("ATTEMPT_unmeasured", "")
+    ok = measurement is not None and measurement.outcome == "ok"
+    return own.model_copy(
+        update={
+            "candidate": candidate,
+            "summary": (idea.summary if idea else (rejection.summary if rejection else ""))
+            or "(no candidate)",
+            "decision": decision,
+            "tflops": measurement.tflops if ok and measurement else 0.0,
+            "change": idea.change if idea else "",
+            "proposer": idea.proposer if idea else (rejection.proposer if rejection else ""),
+            "error": error[:EXCERPT],
+            "knobs": idea.knobs if idea else {},
+        }
+    )
+
+
+def _stored_siblings(own: HistoryEntry, siblings: list[SiblingRecord]) -> list[HistoryEntry]:
+    return [
+        sibling_entry(own, s.candidate, s.idea, s.rejection, s.measurement, s.repeat_of, s.build_reason)
+        for s in siblings
+    ]
 
 
 def load(client: redis.Redis, sid: str) -> list[HistoryEntry]:
@@ -67,8 +123,9 @@ def load(client: redis.Redis, sid: str) -> list[HistoryEntry]:
 
 def entries_from_repo(rounds: list[RoundRecord], attempts: list[AttemptRecord]) -> list[HistoryEntry]:
     """The same entries, rebuilt from the results repo's records (cold start)."""
-    out = [
-        HistoryEntry(
+    out = []
+    for r in rounds:
+        own = HistoryEntry(
             iteration=r.iteration,
             after_iter=r.iteration,
             summary=r.idea.summary if r.idea else "baseline (seed kernel)",
@@ -79,10 +136,9 @@ def entries_from_repo(rounds: list[RoundRecord], attempts: list[AttemptRecord]) 
             error=(r.measure.candidate.detail if r.measure.candidate.outcome != "ok" else "")[:EXCERPT],
             knobs=r.knobs,
         )
-        for r in rounds
-    ]
-    out += [
-        HistoryEntry(
+        out += [own, *_stored_siblings(own, r.siblings)]
+    for a in attempts:
+        own = HistoryEntry(
             attempt=a.attempt_no,
             after_iter=a.after_iter,
             summary=(a.idea.summary if a.idea else "") or "(no candidate)",
@@ -92,8 +148,7 @@ def entries_from_repo(rounds: list[RoundRecord], attempts: list[AttemptRecord]) 
             error=a.reason[:EXCERPT],
             knobs=a.idea.knobs if a.idea else {},
         )
-        for a in attempts
-    ]
+        out += [own, *_stored_siblings(own, a.siblings)]
     return out
 
 

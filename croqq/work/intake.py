@@ -104,6 +104,7 @@ class Intake:
         else:
             loop = loop_from_checkpoint(ckpt, self.settings, msg.max_iter, load_best_source(repo, ckpt))
             outcome = "skipped" if loop.phase == Phase.DONE else "resumed"
+        loop = loop.model_copy(update={"candidates": msg.candidates})
         state = ShapeState(
             **entry.model_dump(),
             sid=sid,
@@ -133,7 +134,8 @@ class Intake:
                 return outcome
             loop = state.loop
             if loop.phase == Phase.DONE and msg.max_iter > loop.current_iter:
-                state.loop = transition(loop, Reopen(max_iter=msg.max_iter))
+                reopened = transition(loop, Reopen(max_iter=msg.max_iter))
+                state.loop = reopened.model_copy(update={"candidates": msg.candidates})
                 pipe.multi()
                 release_gpu(pipe, state)
                 self.ledger.save_shape(pipe, state)
@@ -141,8 +143,9 @@ class Intake:
             pipe.multi()
             if loop.phase == Phase.DONE:
                 return "skipped"
-            if msg.max_iter > loop.max_iter:
-                state.loop = loop.model_copy(update={"max_iter": msg.max_iter})
+            update = {"max_iter": max(msg.max_iter, loop.max_iter), "candidates": msg.candidates}
+            if any(getattr(loop, name) != value for name, value in update.items()):
+                state.loop = loop.model_copy(update=update)  # for the iterations that follow
                 self.ledger.save_shape(pipe, state)
             return "parked" if state.error else "resumed"
 
@@ -223,6 +226,7 @@ class Intake:
                     dsl=dsl,
                     mode=ckpt.mode,
                     max_iter=ckpt.max_iter,
+                    candidates=ckpt.candidates,
                     shapes=[entry],
                 )
                 sid = make_sid(gpu_type, dsl, key)

@@ -15,11 +15,19 @@ from croqq.domain.decide import BASELINE
 from croqq.domain.fsm import Loop, Phase, Start, transition
 from croqq.domain.knobs import include_resolver
 from croqq.domain.manifest import Manifest
-from croqq.domain.records import Measurement, MeasureResult
+from croqq.domain.records import Measurement, MeasureResult, Sibling
 from croqq.errors import IllegalTransitionError
 from croqq.settings import Settings
 from croqq.store import paths
-from croqq.store.schema import AttemptKind, AttemptRecord, Checkpoint, RoundRecord, StoreRequest, state_entry
+from croqq.store.schema import (
+    AttemptKind,
+    AttemptRecord,
+    Checkpoint,
+    RoundRecord,
+    SiblingRecord,
+    StoreRequest,
+    state_entry,
+)
 
 
 def now_iso() -> str:
@@ -48,6 +56,7 @@ _LOOP_FIELDS = {
     "seed_knobs",
     "consecutive_discards",
     "attempts",
+    "candidates",
     "keeps",
     "fails",
 }
@@ -72,6 +81,39 @@ def _after(state: ShapeState) -> Loop:
     pending = state.loop.pending
     assert pending is not None
     return transition(state.loop, Stored(iteration=pending.iteration))
+
+
+def _siblings(
+    manifest: Manifest,
+    state: ShapeState,
+    iteration: int | None,
+    siblings: list[Sibling],
+    read: Callable[[str], str | None],
+) -> tuple[list[SiblingRecord], dict[str, str], dict[str, str]]:
+    """The siblings' records, and (for an iteration) the source of each that built, by its srcs/ path,
+    with their header closures: a sibling can be measured again from the repo (`croqq measure`)."""
+    records: list[SiblingRecord] = []
+    sources: dict[str, str] = {}
+    headers: dict[str, str] = {}
+    for s in siblings:
+        kernel = ""
+        if iteration is not None and s.idea is not None and s.build is not None and s.build.ok:
+            kernel = _src_path(manifest, state, iteration, f"c{s.candidate}-{s.idea.tag}")
+            sources[kernel] = s.idea.source
+            headers |= src.header_closure(s.idea.source, read)
+        records.append(
+            SiblingRecord(
+                candidate=s.candidate,
+                idea=s.idea.model_copy(update={"source": ""}) if s.idea else None,
+                rejection=s.rejection,
+                built=s.build.ok if s.build else None,
+                build_reason=s.build.reason if s.build and not s.build.ok else "",
+                measurement=s.measurement.model_copy(update={"raw": ""}) if s.measurement else None,
+                repeat_of=s.repeat_of,
+                kernel=kernel,
+            )
+        )
+    return records, sources, headers
 
 
 def store_request(
@@ -102,6 +144,9 @@ def store_request(
         "checkpoint": ckpt,
         "state": state_entry(ckpt),
     }
+    read = src.read_from(include_resolver(manifest, state.dsl, settings.kernels_dir))
+    iteration = pending.iteration if pending.attempt_no is None else None
+    siblings, sibling_sources, sibling_headers = _siblings(manifest, state, iteration, pending.siblings, read)
     if pending.attempt_no is not None:
         rej, build = pending.rejection, pending.build
         kind: AttemptKind
@@ -124,6 +169,8 @@ def store_request(
             epoch=epoch,
             step_id=step_id,
             timestamp=now_iso(),
+            candidate=pending.candidate,
+            siblings=siblings,
         )
         return StoreRequest(kind="attempt", attempt=attempt, **common)
     iteration = pending.iteration
@@ -132,7 +179,6 @@ def store_request(
     tag = pending.idea.tag if pending.idea else "baseline"
     source = pending.idea.source if pending.idea else loop.seed_source
     kernel = _src_path(manifest, state, iteration, tag)
-    read = src.read_from(include_resolver(manifest, state.dsl, settings.kernels_dir))
     measure = pending.measure or MeasureResult(
         candidate=Measurement(outcome="crash", detail="no measurement")
     )
@@ -161,6 +207,8 @@ def store_request(
         epoch=epoch,
         step_id=step_id,
         timestamp=now_iso(),
+        candidate=pending.candidate,
+        siblings=siblings,
     )
     return StoreRequest(
         kind="iteration",
@@ -170,6 +218,8 @@ def store_request(
         complete=status == "done",
         best_source=best_source,
         best_headers=src.header_closure(best_source, read) if best_source else {},
+        sibling_sources=sibling_sources,
+        sibling_headers=sibling_headers,
         **common,
     )
 

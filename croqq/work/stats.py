@@ -71,13 +71,17 @@ def record_repo_bytes(client: redis.Redis, size: int) -> None:
     client.set(keys.REPO_BYTES, str(size))
 
 
-def record_busy(client: redis.Redis, uuid: str, start: float, end: float, clear_current: str = "") -> None:
-    """Add a busy interval to the GPU's totals (and clear its 'current step', in the same round trip)."""
+def record_busy(
+    client: redis.Redis, uuid: str, start: float, end: float, clear_current: str = "", kernels: int = 1
+) -> None:
+    """Add a busy interval and the kernels measured in it to the GPU's totals (and clear its 'current
+    step', in the same round trip)."""
     pipe = client.pipeline(transaction=False)
     if clear_current:
         pipe.hset(clear_current, mapping={"current": "", "since": repr(end)})
     pipe.hincrbyfloat(keys.gpu_busy(uuid), "busy_s", end - start)
     pipe.hincrby(keys.gpu_busy(uuid), "steps", 1)
+    pipe.hincrby(keys.gpu_busy(uuid), "measurements", kernels)
     pipe.hsetnx(keys.gpu_busy(uuid), "first", repr(start))
     pipe.hset(keys.gpu_busy(uuid), "last", repr(end))
     pipe.execute()

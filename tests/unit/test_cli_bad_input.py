@@ -24,6 +24,8 @@ Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
         (["--dtype", "f16", "--shape", "64x64x64"], "shape 64x64x64: M=64 is below the minimum M>=128"),
         (["--dtype", "f16", "--mode", "fastest"], "unknown mode 'fastest'"),
         (["--dtype", "f16", "--gpu", "sm75_T4"], "GPU type 'sm75_T4' has no entry in the manifest"),
+        (["--dtype", "f16", "--candidates", "0"], "--candidates 0: an iteration gathers 1 to 8 candidates"),
+        (["--dtype", "f16", "--candidates", "9"], "--candidates 9: an iteration gathers 1 to 8 candidates"),
     ],
 )
 def test_bad_submit_arguments_exit_2_with_one_line_and_enqueue_nothing(
@@ -33,6 +35,15 @@ def test_bad_submit_arguments_exit_2_with_one_line_and_enqueue_nothing(
     assert result.returncode == 2 and message in error_line(result.stderr)
     assert redis_client.dbsize() == 0
     assert not Path(cluster_env["CROQQ_RESULTS_REPO"]).exists()
+
+
+def test_up_refuses_too_many_candidates_before_starting_anything(
+    cluster_env: dict[str, str], redis_client: redis.Redis, croqq: Cli
+) -> None:
+    result = croqq(cluster_env, "up", "--dtype", "f16", "--candidates", "9")
+    assert result.returncode == 2 and "use --candidates 1..8" in error_line(result.stderr)
+    assert redis_client.dbsize() == 0
+    assert not Path(cluster_env["CROQQ_RUN_DIR"], "logs").exists()
 
 
 def test_manifest_with_unknown_field_is_refused_by_submit(

@@ -71,6 +71,8 @@ class WorkspaceContext(BaseModel):
     gpu_type: str
     peak_tflops: float
     iteration: int  # the iteration id this candidate would become
+    candidate: int = 1  # this call's candidate among the iteration's (1..candidates)
+    candidates: int = 1  # how many candidates the iteration gathers (make each one different)
     baseline_tflops: float
     best_tflops: float
     best_iter: int

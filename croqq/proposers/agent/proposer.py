@@ -34,12 +34,21 @@ class AgentProposer(Proposer):
     is_agent = True
 
     def __init__(self, manifest: Manifest, settings: Settings) -> None:
-        super().__init__(manifest, settings)
-        self.preset = preset_for(settings)
+        first, *others = settings.agents  # CROQQ_AGENT=claude,codex: one proposer per agent
+        super().__init__(manifest, settings.model_copy(update={"agent": first}))
+        self.preset = preset_for(self.settings)
         self.name = self.preset.name
         self._mode: str | None = None
+        self.others = [AgentProposer(manifest, settings.model_copy(update={"agent": n})) for n in others]
+
+    def for_candidate(self, candidate: int) -> Proposer:
+        """The agents of CROQQ_AGENT take an iteration's candidates in turn (1: the first, 2: the second)."""
+        pool = [self, *self.others]
+        return pool[(candidate - 1) % len(pool)]
 
     def check_ready(self) -> None:
+        for other in self.others:
+            other.check_ready()
         exe = self.preset.executable
         if shutil.which(exe) is None:
             raise ConfigError(

@@ -125,7 +125,8 @@ def history_markdown(key: str, entries: list[HistoryEntry]) -> str:
         f"# History of {key}",
         "",
         "Every stored iteration and attempt, oldest first. Attempts (no iteration id) failed to build "
-        "or were refused before the build.",
+        "or were refused before the build. Rows `NNN cK` are the other candidates of iteration NNN "
+        "(SIBLING: measured in the same batch, not chosen; REPEAT: the same kernel as another).",
         "",
         "| iter | decision | TFLOPS | change | proposer | idea | error |",
         "|---|---|---|---|---|---|---|",
@@ -133,7 +134,7 @@ def history_markdown(key: str, entries: list[HistoryEntry]) -> str:
     for e in entries:
         where = (
             f"{e.iteration:03d}" if e.iteration is not None else f"attempt {e.attempt} after {e.after_iter}"
-        )
+        ) + (f" c{e.candidate}" if e.candidate is not None else "")
         error = " ".join(e.error.split()).replace("|", "/")[:200]
         idea = " ".join(e.summary.split()).replace("|", "/")
         lines.append(
@@ -160,7 +161,7 @@ TASK_TEMPLATE = """\
 
 You are tuning a {dtype} GEMM kernel, C[M,N] = A[M,K] * B[N,K]^T, M={m} N={n} K={k}, for {gpu_type}
 (dense peak {peak_tflops:.1f} TFLOPS). Baseline {baseline_tflops:.2f} TFLOPS, current best {best_tflops:.2f}
-TFLOPS (iteration {best_iter}){vendor}. This candidate would become iteration {iteration}.
+TFLOPS (iteration {best_iter}){vendor}. This candidate would become iteration {iteration}.{siblings}
 
 **Asked for now: {phase}** - {phase_reason}.
 Strategy signal: {strategy} ({consecutive_discards} iterations in a row without a win).
@@ -189,9 +190,17 @@ Build command (run from this folder, for your information): `{build_command}`
 
 def task_prompt(context: c.WorkspaceContext) -> str:
     vendor = f", vendor library {context.vendor_tflops:.2f} TFLOPS" if context.vendor_tflops else ""
+    siblings = (
+        f"\nYou are candidate {context.candidate} of {context.candidates} for this iteration, written at "
+        "the same time as the others: make yours different (another idea, not another variant of the "
+        "obvious one). The fastest of them is kept."
+        if context.candidates > 1
+        else ""
+    )
     return TASK_TEMPLATE.format(
         **context.model_dump(),
         vendor=vendor,
+        siblings=siblings,
         header_list=", ".join(context.headers),
         knob_list=", ".join(sorted(context.knob_space)),
         next_door=_next_door(context.neighbours),
@@ -229,6 +238,8 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
         gpu_type=ctx.gpu_type,
         peak_tflops=ctx.peak_tflops,
         iteration=ctx.iteration,
+        candidate=ctx.candidate,
+        candidates=ctx.candidates,
         baseline_tflops=ctx.baseline_tflops,
         best_tflops=ctx.best_tflops,
         best_iter=ctx.best_iter,
