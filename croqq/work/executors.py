@@ -30,6 +30,7 @@ from croqq.domain.fsm import (
     Stored,
 )
 from croqq.domain.knobs import Candidate, seed_knobs
+from croqq.domain.neighbours import transfer_due
 from croqq.domain.phases import next_phase
 from croqq.domain.records import BuildOutcome, Idea, Rejection, Sibling
 from croqq.domain.source import SourceError
@@ -165,8 +166,15 @@ def propose_context(rt: Runtime, state: ShapeState) -> ProposeContext:
         profile_metrics=profile.metrics if profile else {},
         tried=sorted(rt.client.smembers(keys.ideas(state.sid))),
         history=history,
-        neighbours=transfer.advanced_neighbours(rt, state),
+        neighbours=transfer.advanced_neighbours(rt, state) if _wants_neighbours(rt, state) else [],
     )
+
+
+def _wants_neighbours(rt: Runtime, state: ShapeState) -> bool:
+    """Whether this IDEATE reads the neighbours (one scan of the shape summaries): an agent sees them at
+    every IDEATE; a search strategy only uses them while transfer is due."""
+    loop = state.loop
+    return rt.proposer.is_agent or transfer_due(loop.current_iter, loop.consecutive_discards)
 
 
 def gather(

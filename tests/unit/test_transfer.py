@@ -264,11 +264,22 @@ def test_a_kernel_already_tried_or_equal_to_the_best_is_skipped(rt: Runtime) -> 
     assert isinstance(idea, Idea) and idea.summary.startswith("best of f16_4096x8192x2048")
 
 
-def test_neighbours_are_listed_any_time_but_offered_only_at_the_start_and_at_a_stall(rt: Runtime) -> None:
+def test_an_agent_sees_neighbours_any_time_but_they_are_offered_only_at_the_start_and_at_a_stall(
+    rt: Runtime, redis_server: RedisServer, tmp_path: Path
+) -> None:
     save(rt, shape_state(rt, "f16_4096x8192x8192", knobs=reference(rt) | {"STAGES": 5}))
     running = shape_state(rt, HERE, best_iter=0, tflops=400.0, current_iter=4, discards=2)
     save(rt, running)
-    ctx = executors.propose_context(rt, running)
+    # a search strategy reads the neighbours only while transfer is due (a scan of every shape's summary)
+    assert executors.propose_context(rt, running).neighbours == []
+    agent = Settings(
+        broker_url=redis_server.url,
+        run_dir=tmp_path / "run",
+        results_repo=tmp_path / "r",
+        proposer="agent",
+        agent="scripted",
+    )
+    ctx = executors.propose_context(Runtime(agent, publisher=lambda record: None), running)
     assert [nb.key for nb in ctx.neighbours] == ["f16_4096x8192x8192"]
     assert transfer.neighbour_ideas(rt, running, ctx, 1) == []
     stalled = shape_state(rt, HERE, best_iter=0, tflops=400.0, current_iter=4, discards=STALL_TRANSFER)
