@@ -30,6 +30,7 @@ DUTY_TIME_SCALE = 0.04
 DUTY_WARMUP_S = {"fixed": 30.0, "adaptive": 150.0}  # the adaptive depth learns over ~8 agent cycles
 DUTY_WINDOW_S = 60.0
 FIXED_DEPTH = 4  # today's default pipeline_depth
+DUTY_CANDIDATES = 4  # the batch run beside N = 1
 AGENT_MEDIAN_S, AGENT_P90_S = 264.0, 900.0
 AGENT_SIGMA = math.log(AGENT_P90_S / AGENT_MEDIAN_S) / 1.2816  # z of the 90th percentile
 
@@ -84,6 +85,14 @@ def _busy_now(client: Any, uuids: list[str]) -> tuple[float, list[float]]:
     return now, busy
 
 
+def _measured(client: Any, uuids: list[str]) -> int:
+    """Kernels measured so far on these GPUs (each candidate of a batch counts)."""
+    pipe = client.pipeline(transaction=False)
+    for uuid in uuids:
+        pipe.hget(keys.gpu_busy(uuid), "measurements")
+    return sum(int(n or 0) for n in pipe.execute())
+
+
 def _starved(client: Any, uuids: list[str]) -> list[bool]:
     """Per GPU: nothing running and nothing waiting in its queue (what a deeper pipeline would fix; the
     rest of a GPU's idle time is its worker's own per-step work)."""
@@ -95,8 +104,9 @@ def _starved(client: Any, uuids: list[str]) -> list[bool]:
     return [not current and not queued for current, queued in zip(replies[::2], replies[1::2], strict=True)]
 
 
-def _duty(work: Path, mode: str, gpus: int) -> dict[str, object]:
-    """One duty-cycle run: per-GPU duty over the window, and the depths the coordinator chose in it."""
+def _duty(work: Path, mode: str, gpus: int, candidates: int = 1) -> dict[str, object]:
+    """One duty-cycle run: per-GPU duty over the window, the kernels measured per (simulated) second in it,
+    and the depths the coordinator chose in it."""
     env = {
         "CROQQ_RUN_DIR": str(work / "run"),
         "CROQQ_RESULTS_REPO": str(work / "results"),
@@ -115,11 +125,12 @@ def _duty(work: Path, mode: str, gpus: int) -> dict[str, object]:
     }
     with LocalCluster(env, log_level="WARNING") as cluster:
         cluster.wait_gpus()
-        cluster.submit("all", max_iter=30)
+        cluster.submit("all", max_iter=30, candidates=candidates)
         client = cluster.client
         uuids = sorted(client.smembers(keys.GPUS))
         time.sleep(DUTY_WARMUP_S[mode])
         t0, before = _busy_now(client, uuids)
+        kernels0 = _measured(client, uuids)
         seen: list[list[int]] = []
         idle = [0] * len(uuids)
         while clock.now(client) - t0 < DUTY_WINDOW_S:
@@ -128,10 +139,12 @@ def _duty(work: Path, mode: str, gpus: int) -> dict[str, object]:
                 idle[i] += starved
             time.sleep(1.0)
         t1, after = _busy_now(client, uuids)
+        kernels = _measured(client, uuids) - kernels0
     duty = [round((a - b) / (t1 - t0), 4) for a, b in zip(after, before, strict=True)]
     log.info("duty cycle, %s depth: %s (depths %s)", mode, duty, seen[-1])
     return {
         "mean": round(sum(duty) / len(duty), 4),
+        "measurements_per_s": round(kernels / ((t1 - t0) / DUTY_TIME_SCALE), 4),
         "per_gpu": duty,
         "depths": seen[-1],
         "depth_range": [min(min(d) for d in seen), max(max(d) for d in seen)],
@@ -140,12 +153,21 @@ def _duty(work: Path, mode: str, gpus: int) -> dict[str, object]:
 
 
 def duty_cycle(work: Path, gpus: int = DUTY_GPUS) -> dict[str, object]:
-    """Fixed depth (today's default) and adaptive depth, the same cluster in the same run."""
+    """Fixed depth (today's default) and adaptive depth, the same cluster in the same run; and adaptive
+    depth with ``DUTY_CANDIDATES`` candidates per iteration (a MEASURE is then a batch that holds the GPU
+    that many times as long, and an IDEATE that many agent calls in parallel)."""
     fixed = _duty(work / "fixed", "fixed", gpus)
     adaptive = _duty(work / "adaptive", "adaptive", gpus)
+    batch = _duty(work / "candidates", "adaptive", gpus, candidates=DUTY_CANDIDATES)
     return {
         "duty_cycle": adaptive["mean"],
         "duty_cycle_fixed_depth": fixed["mean"],
+        f"duty_cycle_candidates_{DUTY_CANDIDATES}": batch["mean"],
+        f"duty_candidates_{DUTY_CANDIDATES}_per_gpu": batch["per_gpu"],
+        f"duty_candidates_{DUTY_CANDIDATES}_depths": batch["depths"],
+        f"duty_candidates_{DUTY_CANDIDATES}_starved": batch["starved"],
+        "duty_measurements_per_s": adaptive["measurements_per_s"],
+        f"duty_measurements_per_s_candidates_{DUTY_CANDIDATES}": batch["measurements_per_s"],
         "duty_adaptive_per_gpu": adaptive["per_gpu"],
         "duty_fixed_per_gpu": fixed["per_gpu"],
         "duty_adaptive_depths": adaptive["depths"],

@@ -109,7 +109,9 @@ class Settings(BaseSettings):
         0.0, ge=0, description="Lognormal spread of the simulated think time (0: always sim_ideate_s)."
     )
     sim_implement_s: float = 20.0
-    sim_measure_s: float = 10.0
+    sim_measure_s: float = Field(
+        10.0, description="The simulated GPU time of one kernel's measurement (a batch of k: k times)."
+    )
     sim_profile_s: float = 15.0
     sim_compile: Literal["model", "nvcc"] = Field(
         "model", description="nvcc: the sim backend really compiles each candidate for sm_90a."

@@ -221,6 +221,12 @@ def gpu_families(r: Reading) -> Iterator[Metric]:
         ["gpu"],
         (([g.uuid], _num(busy, "steps")) for g, busy, *_ in r.gpus),
     )
+    yield _counter(
+        "croqq_gpu_measurements",
+        "Kernels run in GPU steps: every candidate of a MEASURE batch (BASELINE and PROFILE count one).",
+        ["gpu"],
+        (([g.uuid], _num(busy, "measurements")) for g, busy, *_ in r.gpus),
+    )
     yield _gauge(
         "croqq_gpu_duty_ratio",
         "Busy seconds over wall seconds since the GPU's first step (Redis's clock), 0..1.",

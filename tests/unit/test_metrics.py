@@ -172,6 +172,7 @@ def test_metrics_show_what_the_cluster_recorded(
     assert value(m, "croqq_gpu_info", gpu="GPU-b", host="h1", gpu_type=GPU_TYPE, index="1") == 1
     assert value(m, "croqq_gpu_busy_seconds_total", gpu="GPU-a") == 12.5
     assert value(m, "croqq_gpu_steps_total", gpu="GPU-a") == 1
+    assert value(m, "croqq_gpu_measurements_total", gpu="GPU-a") == 1
     assert 0 < value(m, "croqq_gpu_duty_ratio", gpu="GPU-a") < 1  # 12.5 s busy since 1970 + 1000 s
     assert value(m, "croqq_gpu_active_shapes", gpu="GPU-b") == active  # all migrated off GPU-a
     assert value(m, "croqq_gpu_active_shapes", gpu="GPU-a") == 0
