@@ -18,9 +18,13 @@ build) and:
    argmax over many would only circle the best).
 
 The balance between the good and the bad density decides how far it looks, so ``ctx.strategy`` is not
-used (widening the draws after non-KEEPs, as the ``search`` proposer does, did not help it: the tuning
-benchmark compares the two). The draw is seeded by
-(shape key, iteration, hashes tried, ``ctx.seed``): the same context always gives the same idea.
+used. On a stall it also stays with the whole history: widening the draws (as the ``search`` proposer
+does), fewer ranked draws, a larger good set, joint (product-kernel) densities, modelling only the
+measurements far from the best, and restarting from fresh spread-out knob sets after a stall or at a local
+optimum of the one-knob moves: none let more runs get near the optimum in the tuning benchmark, most let
+fewer (a run caught in a wide second-best basin needs a jump of four knobs or more, and a restart costs
+more measurements than it saves). The draw is seeded by (shape key, iteration, hashes tried, ``ctx.seed``):
+the same context always gives the same idea.
 """
 
 from __future__ import annotations
