@@ -387,7 +387,9 @@ def _gather(
     another, each call's ``tried`` holding the earlier answers of the iteration."""
     batch: list[Idea] = []
     tried = list(ctx.tried)
-    for knobs in offered[:slots]:
+    for knobs in offered:
+        if len(batch) == slots:
+            break
         try:
             idea = proposer.make_idea(ctx, knobs, "the best of a neighbouring shape", tag="neighbour")
         except ConfigError:  # a knob value outside this problem's space: it cannot be built here
@@ -400,12 +402,12 @@ def _gather(
     while len(batch) < slots:
         run.calls += 1
         try:
-            idea = proposer.propose(ctx.model_copy(update={"tried": list(tried)}))
+            answer = proposer.propose(ctx.model_copy(update={"tried": list(tried)}))
         except TerminalError:
             break
-        assert isinstance(idea, Idea), idea
-        batch.append(idea)
-        tried.append(idea.content_hash)
+        assert isinstance(answer, Idea), answer  # croqq's own proposers answer with ideas
+        batch.append(answer)
+        tried.append(answer.content_hash)
     return batch
 
 
