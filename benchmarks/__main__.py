@@ -84,6 +84,8 @@ def _tuning(args: argparse.Namespace) -> dict[str, Any]:
     """The tuning report (the transfer result beside ``landscapes``) and its flat figures."""
     report = tuning_bench.run(args.landscape, args.budgets, args.seeds, sim_limit=args.sim_shapes)
     report["transfer"] = transfer_bench.run(args.transfer_sets, args.landscape_set, args.transfer_seeds)
+    for line in tuning_bench.describe(report) + transfer_bench.describe(report["transfer"]):
+        log.info("%s", line)
     return {"tuning": report, **tuning_bench.flat_figures(report)}
 
 

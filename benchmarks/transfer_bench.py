@@ -185,3 +185,18 @@ def run(
             out[name] = summarize(*future.result())
             log.info("transfer benchmark: %s done in %.0f s", name, out[name]["wall_s"])
     return out
+
+
+def describe(report: dict[str, Any]) -> list[str]:
+    """One line per set and N: measurements and agent calls off -> on (the text summary)."""
+    lines = []
+    for name, entry in report.items():
+        for n, sides in entry["by_candidates"].items():
+            off, on = sides["off"], sides["on"]
+            head = f"transfer {name} ({entry['shapes']} shapes, mean of {entry['seeds']} seeds) N={n}"
+            lines.append(
+                f"{head}: measurements {off['measurements']} -> {on['measurements']} "
+                f"({-sides['reduction_pct']:+.1f}%), agent calls {off['agent_calls']} -> "
+                f"{on['agent_calls']}, capped {off['capped']} -> {on['capped']}"
+            )
+    return lines

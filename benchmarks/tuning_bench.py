@@ -10,15 +10,24 @@ stops when it has measured ``budget`` configurations or made ``PROPOSAL_CAP x bu
 result is the recorded mean time of the configuration it would ship (the best it measured; croqq's own
 proposer ships its confirmed best, as a cluster does) over the landscape's optimum.
 
-Strategies: ``croqq`` (the model proposer, croqq's default) and ``croqq-search`` (the search proposer),
-each driven through the same KEEP/DISCARD rule as a cluster (:func:`croqq.domain.decide.decide` with the
-interleaved confirmation), ``random`` (uniform over the knob grid), Optuna's TPE and NSGA-II samplers
+Strategies: ``croqq`` (the model proposer, croqq's default), ``croqq-n2`` and ``croqq-n4`` (the same with
+2 and 4 candidates per iteration) and ``croqq-search`` (the search proposer), each driven through the same
+KEEP/DISCARD rule as a cluster (:func:`croqq.domain.decide.decide` with the interleaved confirmation). With
+N candidates an iteration makes N proposer calls one after another (each told the earlier answers as
+tried), measures every distinct valid one (each counts against the budget, as every GPU measurement does)
+and hands the batch's best to DECIDE; the others enter the history as measured siblings. Given advanced
+neighbours (:mod:`benchmarks.transfer_bench`), the nearest ones' shipped best fill the slots first when
+:func:`croqq.domain.neighbours.transfer_due` says so, as a cluster offers them. Then ``random`` (uniform
+over the knob grid), Optuna's TPE and NSGA-II samplers
 (ask/tell; an invalid trial is told as twice the worst time so far: told as failed, TPE keeps sampling the
 invalid region, thousands of proposals per run), and Kernel Tuner's
 genetic algorithm, simulated annealing and greedy ILS in its simulation mode on a cache file written from
 the same landscape. Kernel Tuner is given the landscape's valid set as its restriction (as its users pass
 their kernel's restrictions), so it proposes no invalid configuration, and it sees recorded means, not
 noisy draws: both favour it.
+
+The report judges croqq at each budget by the tuning-quality rule (:func:`rule`): against the best other
+strategy, a median at most ``RULE_GAP_PCT`` % of the optimum worse and a within-5% share at least as large.
 """
 
 from __future__ import annotations
@@ -695,3 +704,19 @@ def flat_figures(report: dict[str, Any]) -> dict[str, float | int]:
 
 def _name(*parts: str) -> str:
     return "_".join(parts).replace("-", "_").replace(".", "_")
+
+
+def describe(report: dict[str, Any]) -> list[str]:
+    """The rule's verdict per landscape and budget, one line each (the text summary)."""
+    lines = []
+    for land, entry in report.get("landscapes", {}).items():
+        for budget, verdict in entry.get("rule", {}).items():
+            variants = "".join(f"; N={n}: {_verdict(v)}" for n, v in verdict["candidates"].items())
+            lines.append(f"{land} @{budget}: croqq vs {verdict['best_other']}: {_verdict(verdict)}{variants}")
+    return lines
+
+
+def _verdict(v: dict[str, Any]) -> str:
+    ours, theirs = v["within_5pct"]
+    outcome = "pass" if v["pass"] else "FAIL"
+    return f"median {v['median_gap_pct']:+.3f}% of the optimum, within 5% {ours} vs {theirs}: {outcome}"

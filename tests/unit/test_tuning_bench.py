@@ -280,6 +280,8 @@ def test_the_rule_passes_within_a_quarter_percent_and_at_least_the_others_within
     assert verdict["best_other"] == "kt-x" and verdict["median_gap_pct"] == pytest.approx(0.2)
     assert verdict["within_5pct"] == [0.8, 0.8] and verdict["pass"] is True
     assert verdict["candidates"]["2"]["pass"] is True
+    (line,) = tb.describe({"landscapes": {"toy": {"rule": {"30": verdict}}}})
+    assert line.startswith("toy @30: croqq vs kt-x: median +0.200% of the optimum") and "FAIL" not in line
 
 
 @pytest.mark.parametrize(
@@ -292,3 +294,4 @@ def test_the_rule_passes_within_a_quarter_percent_and_at_least_the_others_within
 def test_the_rule_fails_on_either_criterion(others: dict[str, tuple[float, float]]) -> None:
     verdict = tb.rule(row(croqq=(1.0030, 0.8), croqq_search=(1.0, 1.0), **others))
     assert verdict["pass"] is False and verdict["best_other"] != "croqq-search"
+    assert tb.describe({"landscapes": {"toy": {"rule": {"30": verdict}}}})[0].endswith(": FAIL")
