@@ -391,11 +391,12 @@ def _context(
 def _gather(
     proposer: Proposer, ctx: ProposeContext, slots: int, offered: list[dict[str, int]], run: Run
 ) -> list[Idea]:
-    """An iteration's candidates: the offered neighbours' knob sets this shape has not tried (re-rendered
-    for it, nearest first, no proposer call), then one proposer call per remaining slot, one after
-    another, each call's ``tried`` holding the earlier answers of the iteration."""
+    """An iteration's candidates: the offered neighbours' knob sets this shape has not tried and that are
+    not its best (re-rendered for it, nearest first, no proposer call), then one proposer call per
+    remaining slot, one after another, each call's ``tried`` holding the earlier answers of the iteration."""
     batch: list[Idea] = []
     tried = list(ctx.tried)
+    land = run.problem.landscape
     for knobs in offered:
         if len(batch) == slots:
             break
@@ -405,7 +406,7 @@ def _gather(
             run.proposals += 1
             run.invalid += 1
             continue
-        if idea.content_hash not in tried:
+        if idea.content_hash not in tried and land.config(idea.knobs) != land.config(ctx.best_knobs):
             batch.append(idea)
             tried.append(idea.content_hash)
     while len(batch) < slots:

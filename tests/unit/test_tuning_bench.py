@@ -192,6 +192,10 @@ def test_transfer_offers_the_nearest_neighbours_best_first_without_a_proposer_ca
     # with two slots both come in the first iteration, and the proposer fills none of them
     run = tb.run_croqq("model", problem, budget=3, seed=0, candidates=2, neighbours=neighbours)
     assert list(run.seen)[1:] == [land.config(near), land.config(second)] and run.calls == 0
+    # a neighbour's best that is this shape's own best (here its seed) is skipped: the next one comes first
+    own = [(shape(768), land.knobs(land.config(problem.seed_knobs))), *neighbours]
+    run = tb.run_croqq("model", problem, budget=2, seed=0, neighbours=own)
+    assert list(run.seen)[1:] == [land.config(near)] and run.calls == 0
     # without neighbours the same run asks the proposer
     assert tb.run_croqq("model", problem, budget=3, seed=0).calls == 2
 
