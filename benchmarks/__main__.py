@@ -2,7 +2,8 @@
 the parts named. The figures go to --out (JSON) and as one line to the history (benchmarks/history.jsonl:
 commit, date, machine, parts, figures). The writer benchmark measures the store of `--baseline` (a git
 revision, default HEAD) beside this tree's. The tuning benchmark takes `[--landscape FILE ...]
-[--budgets 30,150] [--seeds N] [--json]` (`--json`: print only its report)."""
+[--budgets 30,150] [--seeds N] [--sim-shapes N] [--landscape-set DIR ...] [--transfer-sets sim-f16,...]
+[--transfer-seeds N] [--json]` (`--json`: print only its report)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from benchmarks import (
     reconcile_bench,
     redis_bench,
     report_bench,
+    transfer_bench,
     tuning_bench,
     writer_bench,
 )
@@ -60,7 +62,7 @@ PARTS: dict[str, tuple[str, Part]] = {
     ),
     "tuning": (
         "tuning quality",
-        lambda w, a: {"tuning": tuning_bench.run(a.landscape, a.budgets, a.seeds)},
+        lambda w, a: _tuning(a),
     ),
     "capacity": (
         "fleet capacity (Redis commands/bytes/CPU per iteration)",
@@ -76,6 +78,15 @@ PARTS: dict[str, tuple[str, Part]] = {
     "import": ("croqq import of a 2,000-row log and a 100-shape tree", lambda w, a: import_bench.run(w)),
     "integrity": ("results repo check at 10k iterations", lambda w, a: integrity_bench.run(w)),
 }
+
+
+def _tuning(args: argparse.Namespace) -> dict[str, Any]:
+    """The tuning report (the transfer result beside ``landscapes``) and its flat figures."""
+    report = tuning_bench.run(args.landscape, args.budgets, args.seeds, sim_limit=args.sim_shapes)
+    report["transfer"] = transfer_bench.run(args.transfer_sets, args.landscape_set, args.transfer_seeds)
+    for line in tuning_bench.describe(report) + transfer_bench.describe(report["transfer"]):
+        log.info("%s", line)
+    return {"tuning": report, **tuning_bench.flat_figures(report)}
 
 
 def _args() -> argparse.Namespace:
@@ -101,6 +112,25 @@ def _args() -> argparse.Namespace:
     )
     parser.add_argument("--budgets", default="30,150", help="tuning: measured configurations per run")
     parser.add_argument("--seeds", type=int, default=20, help="tuning: runs per recorded landscape")
+    parser.add_argument(
+        "--sim-shapes", type=int, help="tuning: tune only the first N shapes of the simulated sweep (0: none)"
+    )
+    parser.add_argument(
+        "--landscape-set",
+        type=Path,
+        action="append",
+        default=[],
+        help="tuning: a folder of Kernel Tuner cache files, one per problem (problem_size [M, N, K]), "
+        "for the transfer benchmark; repeatable",
+    )
+    parser.add_argument(
+        "--transfer-sets",
+        default=",".join(transfer_bench.sim_sets()),
+        help="tuning: simulated sweeps for the transfer benchmark (default: %(default)s; '' for none)",
+    )
+    parser.add_argument(
+        "--transfer-seeds", type=int, default=transfer_bench.SEEDS, help="tuning: transfer runs per shape"
+    )
     parser.add_argument("--json", action="store_true", help="tuning: print only the tuning report (JSON)")
     args = parser.parse_args()
     args.parts = [p for p in args.only.split(",") if p]
@@ -111,14 +141,24 @@ def _args() -> argparse.Namespace:
         args.budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
     except ValueError:
         parser.error(f"--budgets {args.budgets!r}: give comma-separated whole numbers, e.g. 30,150")
-    if not args.budgets or min(args.budgets) < 2 or args.seeds < 1:
-        parser.error("--budgets must be whole numbers >= 2 and --seeds at least 1")
+    if not args.budgets or min(args.budgets) < 2 or args.seeds < 1 or args.transfer_seeds < 1:
+        parser.error("--budgets must be whole numbers >= 2 and --seeds and --transfer-seeds at least 1")
+    if args.sim_shapes is not None and args.sim_shapes < 0:
+        parser.error("--sim-shapes must be 0 or more")
+    args.transfer_sets = [s for s in args.transfer_sets.split(",") if s.strip()]
+    unknown_sets = sorted(set(args.transfer_sets) - set(transfer_bench.sim_sets()))
+    if unknown_sets:
+        parser.error(
+            f"--transfer-sets: unknown {unknown_sets}; choose from {', '.join(transfer_bench.sim_sets())}"
+        )
     args.landscape = args.landscape or [tuning_bench.DEFAULT_LANDSCAPE]
-    for path in args.landscape:
-        try:
+    try:
+        for path in args.landscape:
             load_landscape(path)
-        except ConfigError as exc:
-            parser.error(str(exc))
+        for folder in args.landscape_set:
+            transfer_bench.landscape_set(folder)
+    except ConfigError as exc:
+        parser.error(str(exc))
     return args
 
 

@@ -10,15 +10,24 @@ stops when it has measured ``budget`` configurations or made ``PROPOSAL_CAP x bu
 result is the recorded mean time of the configuration it would ship (the best it measured; croqq's own
 proposer ships its confirmed best, as a cluster does) over the landscape's optimum.
 
-Strategies: ``croqq`` (the model proposer, croqq's default) and ``croqq-search`` (the search proposer),
-each driven through the same KEEP/DISCARD rule as a cluster (:func:`croqq.domain.decide.decide` with the
-interleaved confirmation), ``random`` (uniform over the knob grid), Optuna's TPE and NSGA-II samplers
+Strategies: ``croqq`` (the model proposer, croqq's default), ``croqq-n2`` and ``croqq-n4`` (the same with
+2 and 4 candidates per iteration) and ``croqq-search`` (the search proposer), each driven through the same
+KEEP/DISCARD rule as a cluster (:func:`croqq.domain.decide.decide` with the interleaved confirmation). With
+N candidates an iteration makes N proposer calls one after another (each told the earlier answers as
+tried), measures every distinct valid one (each counts against the budget, as every GPU measurement does)
+and hands the batch's best to DECIDE; the others enter the history as measured siblings. Given advanced
+neighbours (:mod:`benchmarks.transfer_bench`), the nearest ones' shipped best fill the slots first when
+:func:`croqq.domain.neighbours.transfer_due` says so, as a cluster offers them. Then ``random`` (uniform
+over the knob grid), Optuna's TPE and NSGA-II samplers
 (ask/tell; an invalid trial is told as twice the worst time so far: told as failed, TPE keeps sampling the
 invalid region, thousands of proposals per run), and Kernel Tuner's
 genetic algorithm, simulated annealing and greedy ILS in its simulation mode on a cache file written from
 the same landscape. Kernel Tuner is given the landscape's valid set as its restriction (as its users pass
 their kernel's restrictions), so it proposes no invalid configuration, and it sees recorded means, not
 noisy draws: both favour it.
+
+The report judges croqq at each budget by the tuning-quality rule (:func:`rule`): against the best other
+strategy, a median at most ``RULE_GAP_PCT`` % of the optimum worse and a within-5% share at least as large.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import random
 import statistics
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,13 +52,15 @@ from typing import Any
 from croqq.backends import _simmodel as simmodel
 from croqq.backends.landscape import Config, Landscape, Record, load_landscape
 from croqq.backends.sim import NOISE_SIGMA
-from croqq.domain.decide import BASELINE, KEEP, decide, needs_confirmation
+from croqq.domain.decide import BASELINE, DISCARD, KEEP, decide, needs_confirmation
 from croqq.domain.fsm import STALL_ESCALATE, STALL_RADICAL
 from croqq.domain.manifest import Manifest, cached_manifest
-from croqq.domain.records import Confirmation, HistoryEntry, Measurement, MeasureResult, Strategy
+from croqq.domain.neighbours import TRANSFER_NEIGHBOURS, nearest, transfer_due
+from croqq.domain.records import Confirmation, HistoryEntry, Idea, Measurement, MeasureResult, Strategy
 from croqq.domain.schedule import build_schedule
 from croqq.domain.shapes import Shape
-from croqq.errors import TerminalError
+from croqq.errors import ConfigError, TerminalError
+from croqq.proposers._base import ProposeContext, Proposer
 from croqq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,10 +71,13 @@ SIM_REPEATS = 5
 PROPOSAL_CAP = 20
 CONFIRM_DRAWS = 3
 WITHIN = 1.05
+RULE_GAP_PCT = 0.25  # croqq's median may trail the best other strategy's by this much (% of the optimum)
 OPTUNA = ("tpe", "nsga2")
 KERNEL_TUNER = ("genetic_algorithm", "simulated_annealing", "greedy_ils")
+CANDIDATES = (1, 2, 4)  # candidates per iteration the benchmark compares
 STRATEGIES = (
     "croqq",
+    *(f"croqq-n{n}" for n in CANDIDATES[1:]),
     "croqq-search",
     "random",
     *(f"optuna-{s}" for s in OPTUNA),
@@ -99,10 +113,14 @@ class Run:
     seen: dict[Config, float] = field(default_factory=dict)
     invalid: int = 0
     proposals: int = 0
+    calls: int = 0  # proposer (agent) calls
     shipped: Config | None = None  # what the strategy would ship, when not simply its best measurement
+    target: float | None = None  # stop once the shipped configuration is within this ratio of the optimum
 
     @property
     def done(self) -> bool:
+        if self.target is not None and self.seen and self.ratio() <= self.target:
+            return True
         return len(self.seen) >= self.budget or self.proposals >= PROPOSAL_CAP * self.budget
 
     def measure(self, knobs: dict[str, int]) -> float | None:
@@ -273,64 +291,48 @@ def _measurement(flops: float, ms: float) -> Measurement:
     return Measurement(outcome="ok", tflops=flops / (ms * 1e9), median_ms=ms, repeats=1, verified=True)
 
 
-def run_croqq(kind: str, problem: Problem, budget: int, seed: int) -> Run:
+def run_croqq(
+    kind: str,
+    problem: Problem,
+    budget: int,
+    seed: int,
+    candidates: int = 1,
+    neighbours: Sequence[tuple[Shape, dict[str, int]]] = (),
+    target: float | None = None,
+) -> Run:
     """A croqq proposer (``model`` or ``search``) in croqq's loop: baseline, then IDEATE -> measure ->
-    DECIDE with the interleaved confirmation."""
-    from croqq.proposers._base import ProposeContext
+    DECIDE with the interleaved confirmation, ``candidates`` per iteration (the best of the batch enters
+    DECIDE). ``neighbours`` are advanced shapes with their shipped best: when a transfer is due, the
+    nearest fill the candidate slots first. ``target``: stop once the shipped best is within it."""
     from croqq.proposers.model import ModelProposer
     from croqq.proposers.search import SearchProposer
 
     settings = Settings()
     proposer = (ModelProposer if kind == "model" else SearchProposer)(problem.manifest, settings)
-    run = Run(problem, budget, random.Random(f"croqq|{seed}"))
+    run = Run(problem, budget, random.Random(f"croqq|{seed}"), target=target)
     flops, land = problem.shape.flops, problem.landscape
-    peak = problem.manifest.gpu(SIM_GPU).peak_tflops[problem.shape.dtype]
     best_knobs = dict(problem.seed_knobs)
     baseline = run.measure(best_knobs)
     assert baseline is not None, f"{problem.group}: the seed configuration is not valid"
+    run.shipped = land.config(best_knobs)
     best_tflops = flops / (baseline * 1e9)
     history = [
         HistoryEntry(iteration=0, summary="baseline", decision=BASELINE, tflops=best_tflops, knobs=best_knobs)
     ]
+    nearby = [knobs for _, knobs in nearest(problem.shape, neighbours, TRANSFER_NEIGHBOURS)]
     tried: list[str] = []
-    iteration, attempts, discards = 1, 0, 0
+    iteration, discards = 1, 0
     while not run.done:
-        ctx = ProposeContext(
-            shape=problem.shape,
-            dsl=problem.dsl,
-            gpu_type=SIM_GPU,
-            iteration=iteration,
-            knob_space=problem.manifest.dsl(problem.dsl).knobs,
-            best_knobs=best_knobs,
-            best_source="",
-            best_tflops=best_tflops,
-            peak_tflops=peak,
-            strategy=_strategy(discards),
-            consecutive_discards=discards,
-            bottleneck="unknown",
-            tried=tried,
-            history=history,
-            seed=seed,
-        )
-        try:
-            idea = proposer.propose(ctx)
-        except TerminalError:
+        ctx = _context(problem, iteration, best_knobs, best_tflops, discards, tried, history, seed)
+        offered = nearby if transfer_due(iteration - 1, discards) else []
+        batch = _gather(proposer, ctx, candidates, offered, run)
+        if not batch:
             break
-        tried.append(idea.content_hash)
-        repeat = land.config(idea.knobs) in run.seen
-        observed = run.measure(idea.knobs)
-        if observed is None or repeat:
-            attempts += 1
-            history.append(
-                HistoryEntry(
-                    attempt=attempts,
-                    after_iter=iteration - 1,
-                    summary=idea.summary,
-                    decision="ATTEMPT_compile" if observed is None else "ATTEMPT_repeat",
-                    knobs=idea.knobs,
-                )
-            )
+        tried += [idea.content_hash for idea in batch]
+        measured = _measure_batch(run, batch, history, iteration)
+        if not measured:
             continue
+        idea, observed = min(measured, key=lambda pair: pair[1])
         cand = _measurement(flops, observed)
         confirmation = None
         if needs_confirmation(cand, best_tflops, settings.noise_margin):
@@ -350,11 +352,113 @@ def run_croqq(kind: str, problem: Problem, budget: int, seed: int) -> Run:
         )
         if decision == KEEP:
             best_knobs, best_tflops, discards = dict(idea.knobs), tflops, 0
+            run.shipped = land.config(best_knobs)
         else:
             discards += 1
         iteration += 1
-    run.shipped = land.config(best_knobs)
     return run
+
+
+def _context(
+    problem: Problem,
+    iteration: int,
+    best_knobs: dict[str, int],
+    best_tflops: float,
+    discards: int,
+    tried: list[str],
+    history: list[HistoryEntry],
+    seed: int,
+) -> ProposeContext:
+    return ProposeContext(
+        shape=problem.shape,
+        dsl=problem.dsl,
+        gpu_type=SIM_GPU,
+        iteration=iteration,
+        knob_space=problem.manifest.dsl(problem.dsl).knobs,
+        best_knobs=best_knobs,
+        best_source="",
+        best_tflops=best_tflops,
+        peak_tflops=problem.manifest.gpu(SIM_GPU).peak_tflops[problem.shape.dtype],
+        strategy=_strategy(discards),
+        consecutive_discards=discards,
+        bottleneck="unknown",
+        tried=list(tried),
+        history=list(history),
+        seed=seed,
+    )
+
+
+def _gather(
+    proposer: Proposer, ctx: ProposeContext, slots: int, offered: list[dict[str, int]], run: Run
+) -> list[Idea]:
+    """An iteration's candidates: the offered neighbours' knob sets this shape has not tried and that are
+    not its best (re-rendered for it, nearest first, no proposer call), then one proposer call per
+    remaining slot, one after another, each call's ``tried`` holding the earlier answers of the iteration."""
+    batch: list[Idea] = []
+    tried = list(ctx.tried)
+    land = run.problem.landscape
+    for knobs in offered:
+        if len(batch) == slots:
+            break
+        try:
+            idea = proposer.make_idea(ctx, knobs, "the best of a neighbouring shape", tag="neighbour")
+        except ConfigError:  # a knob value outside this problem's space: it cannot be built here
+            run.proposals += 1
+            run.invalid += 1
+            continue
+        if idea.content_hash not in tried and land.config(idea.knobs) != land.config(ctx.best_knobs):
+            batch.append(idea)
+            tried.append(idea.content_hash)
+    while len(batch) < slots:
+        run.calls += 1
+        try:
+            answer = proposer.propose(ctx.model_copy(update={"tried": list(tried)}))
+        except TerminalError:
+            break
+        assert isinstance(answer, Idea), answer  # croqq's own proposers answer with ideas
+        batch.append(answer)
+        tried.append(answer.content_hash)
+    return batch
+
+
+def _measure_batch(
+    run: Run, batch: list[Idea], history: list[HistoryEntry], iteration: int
+) -> list[tuple[Idea, float]]:
+    """Measure every distinct valid candidate of the batch (each counts against the budget, until it is
+    spent); invalid ones and repeats are attempts. All but the batch's best go into the history as
+    measured siblings, so that the proposer learns from every measurement."""
+    land, flops = run.problem.landscape, run.problem.shape.flops
+    measured: list[tuple[Idea, float]] = []
+    for idea in batch:
+        if run.done:
+            break
+        repeat = land.config(idea.knobs) in run.seen
+        observed = run.measure(idea.knobs)
+        if observed is None or repeat:
+            history.append(
+                HistoryEntry(
+                    attempt=sum(e.attempt is not None for e in history) + 1,
+                    after_iter=iteration - 1,
+                    summary=idea.summary,
+                    decision="ATTEMPT_compile" if observed is None else "ATTEMPT_repeat",
+                    knobs=idea.knobs,
+                )
+            )
+        else:
+            measured.append((idea, observed))
+    winner = min(measured, key=lambda pair: pair[1], default=None)
+    history += [
+        HistoryEntry(
+            iteration=iteration,
+            summary=f"sibling: {idea.summary}",
+            decision=DISCARD,
+            tflops=flops / (ms * 1e9),
+            knobs=idea.knobs,
+        )
+        for idea, ms in measured
+        if winner is None or idea is not winner[0]
+    ]
+    return measured
 
 
 class KernelTuner:
@@ -468,6 +572,7 @@ def _evaluate(problem: Problem, budgets: list[int], seeds: list[int], folder: Pa
     out: list[Result] = []
     runners: dict[str, Callable[[int, int], Run]] = {
         "croqq": partial(run_croqq, "model", problem),
+        **{f"croqq-n{n}": partial(run_croqq, "model", problem, candidates=n) for n in CANDIDATES[1:]},
         "croqq-search": partial(run_croqq, "search", problem),
         "random": partial(run_random, problem),
         **{f"optuna-{name}": partial(run_optuna, name, problem) for name in OPTUNA},
@@ -519,8 +624,35 @@ def summarize(results: list[Result], optima: dict[str, float]) -> dict[str, Any]
                     "invalid": sum(r.invalid for r in runs),
                 }
             budgets[str(budget)] = row
-        report["landscapes"][group] = {"optimum": round(optima[group], 6), "budgets": budgets}
+        report["landscapes"][group] = {
+            "optimum": round(optima[group], 6),
+            "budgets": budgets,
+            "rule": {budget: rule(row) for budget, row in budgets.items() if "croqq" in row},
+        }
     return report
+
+
+def rule(row: dict[str, dict[str, float | int]]) -> dict[str, Any]:
+    """The tuning-quality rule at one budget: against the best other strategy (lowest median, ties by the
+    larger within_5pct), croqq's median may be worse by at most ``RULE_GAP_PCT`` % of the optimum and its
+    within_5pct must be at least the other's. Judged for the default ``croqq``; ``candidates`` judges
+    the other N."""
+    others = {s: f for s, f in row.items() if not s.startswith("croqq")}
+    best = min(others, key=lambda s: (others[s]["median"], -others[s]["within_5pct"]))
+
+    def judge(strategy: str) -> dict[str, Any]:
+        ours, theirs = row[strategy], others[best]
+        gap = round(100.0 * (ours["median"] - theirs["median"]), 3)
+        within = [ours["within_5pct"], theirs["within_5pct"]]
+        return {
+            "best_other": best,
+            "median_gap_pct": gap,
+            "within_5pct": within,
+            "pass": gap <= RULE_GAP_PCT and within[0] >= within[1],
+        }
+
+    variants = {s.removeprefix("croqq-n"): judge(s) for s in row if s.startswith("croqq-n")}
+    return {**judge("croqq"), "candidates": variants}
 
 
 def run(
@@ -547,3 +679,45 @@ def run(
                 log.info("tuning benchmark: %d/%d problems done", done, len(jobs))
     # the simulated landscape's optimum differs per shape (the ratios are per shape): its median
     return summarize(results, {group: statistics.median(values) for group, values in optima.items()})
+
+
+def flat_figures(report: dict[str, Any]) -> dict[str, float | int]:
+    """The report's headline figures as flat names for the history: per landscape and budget each
+    strategy's median and within_5pct and the rule's verdict; per transfer set and N, measurements and
+    agent calls off and on and the reduction."""
+    out: dict[str, float | int] = {}
+    for land, entry in report.get("landscapes", {}).items():
+        for budget, row in entry["budgets"].items():
+            for strategy, figures in row.items():
+                for key in ("median", "within_5pct"):
+                    out[_name("tuning", land, budget, strategy, key)] = figures[key]
+            if budget in entry.get("rule", {}):
+                out[_name("tuning", land, budget, "rule_pass")] = int(entry["rule"][budget]["pass"])
+    for name, entry in report.get("transfer", {}).items():
+        out[_name("transfer", name, "wall_s")] = entry["wall_s"]
+        for n, sides in entry["by_candidates"].items():
+            for side in ("off", "on"):
+                for key in ("measurements", "agent_calls"):
+                    out[_name("transfer", name, f"n{n}", side, key)] = sides[side][key]
+            out[_name("transfer", name, f"n{n}", "reduction_pct")] = sides["reduction_pct"]
+    return out
+
+
+def _name(*parts: str) -> str:
+    return "_".join(parts).replace("-", "_").replace(".", "_")
+
+
+def describe(report: dict[str, Any]) -> list[str]:
+    """The rule's verdict per landscape and budget, one line each (the text summary)."""
+    lines = []
+    for land, entry in report.get("landscapes", {}).items():
+        for budget, verdict in entry.get("rule", {}).items():
+            variants = "".join(f"; N={n}: {_verdict(v)}" for n, v in verdict["candidates"].items())
+            lines.append(f"{land} @{budget}: croqq vs {verdict['best_other']}: {_verdict(verdict)}{variants}")
+    return lines
+
+
+def _verdict(v: dict[str, Any]) -> str:
+    ours, theirs = v["within_5pct"]
+    outcome = "pass" if v["pass"] else "FAIL"
+    return f"median {v['median_gap_pct']:+.3f}% of the optimum, within 5% {ours} vs {theirs}: {outcome}"
