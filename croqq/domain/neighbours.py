@@ -16,7 +16,7 @@ from croqq.domain.shapes import Shape
 
 S = TypeVar("S")
 
-TRANSFER_NEIGHBOURS = 2  # how many of the nearest advanced neighbours' best kernels a shape is offered
+TRANSFER_NEIGHBOURS = 4  # how many of the nearest advanced neighbours' best kernels a shape is offered
 STALL_TRANSFER = STALL_ESCALATE  # consecutive non-KEEPs at which a stalled shape is offered them again
 
 

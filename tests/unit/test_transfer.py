@@ -139,7 +139,8 @@ def test_nearest_ranks_same_dtype_shapes_excluding_itself_with_ties_in_shape_ord
 
 
 def test_transfer_is_due_when_a_shape_starts_and_when_it_stalls() -> None:
-    assert [transfer_due(i, 0) for i in range(4)] == [True, True, False, False]
+    starting = [transfer_due(i, 0) for i in range(TRANSFER_NEIGHBOURS + 2)]
+    assert starting == [True] * TRANSFER_NEIGHBOURS + [False, False]
     assert transfer_due(7, STALL_TRANSFER) and not transfer_due(7, STALL_TRANSFER + 1)
 
 
@@ -177,7 +178,9 @@ def test_neighbours_are_the_nearest_advanced_ones_of_the_same_gpu_type_family_an
         rt,
         shape_state(rt, "f16_4096x8192x8192", tflops=700.0),  # distance 1
         shape_state(rt, "f16_2048x8192x2048", tflops=650.0),  # distance sqrt 2
-        shape_state(rt, "f16_16384x8192x16384", tflops=800.0),  # farther: beyond the two nearest
+        shape_state(rt, "f16_4096x8192x16384", tflops=640.0),  # distance 2
+        shape_state(rt, "f16_4096x2048x2048", tflops=630.0),  # distance sqrt 5
+        shape_state(rt, "f16_16384x8192x16384", tflops=800.0),  # farther: beyond the four nearest
         shape_state(rt, "f16_4096x8192x6144", best_iter=0),  # nearer, but only its baseline
         shape_state(rt, "e4m3_4096x8192x4096"),  # another dtype
         shape_state(rt, "f16_4096x8192x3072", gpu_type="sm90_NVIDIA_H200"),  # another GPU type
@@ -187,7 +190,10 @@ def test_neighbours_are_the_nearest_advanced_ones_of_the_same_gpu_type_family_an
     assert [(nb.key, nb.distance) for nb in found] == [
         ("f16_4096x8192x8192", 1.0),
         ("f16_2048x8192x2048", round(math.sqrt(2), 6)),
+        ("f16_4096x8192x16384", 2.0),
+        ("f16_4096x2048x2048", round(math.sqrt(5), 6)),
     ]
+    assert len(found) == TRANSFER_NEIGHBOURS
     first = found[0]
     assert first.best_tflops == 700.0 and first.peak_fraction == round(700.0 / 989.4, 4)
     assert first.knobs == reference(rt) and first.change == "knobs" and first.reason == ""
