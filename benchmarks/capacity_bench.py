@@ -494,6 +494,15 @@ def tick_cost(server: Any, gpus: int = TARGET_GPUS, ticks: int = TICKS) -> tuple
     return cost, appended
 
 
+@dataclass(frozen=True)
+class WriterCost:
+    """The writer process over a batch, per STORE step: CPU seconds (main process and pool, messages
+    included) and Celery messages it was sent (a drained writer is woken once for several STOREs)."""
+
+    cpu_s: float
+    messages: float
+
+
 @dataclass
 class RedisSide:
     """Redis's costs under one AOF fsync policy."""
@@ -504,17 +513,31 @@ class RedisSide:
     beats: dict[int, RedisCounters] = field(default_factory=dict)  # one heartbeat call, by steps renewed
     store_s: float = 0.0  # the store step's median wall time (claim to completion)
     store_busy_s: float = 0.0  # the writer's busy time per STORE step (:func:`busy_s`)
+    writer: WriterCost = field(default_factory=lambda: WriterCost(0.0, 0.0))  # its process, per STORE
 
 
-def _batch(cluster: Any, client: Any, dtype: str) -> tuple[RedisCounters, float]:
-    """Submit ``SHAPES`` shapes of ``dtype`` and wait until they are stored: Redis's counters, wall time."""
+def _batch(cluster: Any, client: Any, dtype: str) -> tuple[RedisCounters, float, WriterCost]:
+    """Submit ``SHAPES`` shapes of ``dtype`` and wait until they are stored: Redis's counters, wall time,
+    the writer's cost per STORE step (its wake-ups counted where the product counts them, else one
+    message per STORE)."""
     from croqq.delivery import keys
 
+    def counts() -> tuple[int, int, int]:
+        raw = client.hmget(keys.STATS, "stored", "attempts", "store_wakeups")
+        return int(raw[0] or 0), int(raw[1] or 0), int(raw[2] or 0)
+
+    cpu0, (already, attempts0, wakes0) = tree_cpu(), counts()
     before, t0 = RedisCounters.read(client), time.monotonic()
-    already = int(client.hget(keys.STATS, "stored") or 0)
     cluster.submit(dtype, max_iter=MAX_ITER, limit=SHAPES)
     _wait_stored(client, already + SHAPES * (MAX_ITER + 1))
-    return RedisCounters.read(client) - before, time.monotonic() - t0
+    counters, wall = RedisCounters.read(client) - before, time.monotonic() - t0
+    time.sleep(SETTLE_S)  # the last completions
+    cpu = _cpu_delta(cpu0, tree_cpu())
+    stored, attempts, wakes = counts()
+    stores = max(1, stored - already + attempts - attempts0)
+    writer_cpu = sum(v for role, v in cpu.items() if role.startswith("croqq writer"))
+    messages = (wakes - wakes0) / stores if wakes else 1.0
+    return counters, wall, WriterCost(writer_cpu / stores, messages)
 
 
 def capacity_run(
@@ -535,11 +558,10 @@ def capacity_run(
         time.sleep(SETTLE_S)  # boot traffic settles
         for policy, dtype in (("always", "f16"), ("everysec", "e4m3")):
             client.config_set("appendfsync", policy)
-            batch, wall = _batch(cluster, client, dtype)
-            time.sleep(SETTLE_S)  # the last completions and refills
+            batch, wall, writer = _batch(cluster, client, dtype)
             idle = _idle_rate(client, IDLE_S)
             n = SHAPES * (MAX_ITER + 1)
-            sides[policy] = RedisSide((batch - idle.scaled(wall)).scaled(1.0 / n), idle)
+            sides[policy] = RedisSide((batch - idle.scaled(wall)).scaled(1.0 / n), idle, writer=writer)
         records = [r for r in _ledger(client) if r.get("status") == "done"]
         _stop_gpu_workers(cluster)
         for policy in ("everysec", "always"):
@@ -597,8 +619,7 @@ def group_run(work: Path, server: Any, group: int = GROUP) -> dict[str, float]:
     with LocalCluster(env, log_level="WARNING") as cluster:
         cluster.wait_gpus()
         time.sleep(SETTLE_S)
-        batch, wall = _batch(cluster, client, "f16")
-        time.sleep(SETTLE_S)
+        batch, wall, writer = _batch(cluster, client, "f16")
         idle = _idle_rate(client, IDLE_S)
         records = [r for r in _ledger(client) if r.get("status") == "done"]
     subjects = subprocess.run(
@@ -607,6 +628,8 @@ def group_run(work: Path, server: Any, group: int = GROUP) -> dict[str, float]:
     per_iter = (batch - idle.scaled(wall)).scaled(1.0 / (SHAPES * (MAX_ITER + 1)))
     return {
         "store_busy_s": _store_busy_s(records, "f16"),
+        "writer_cpu_s": writer.cpu_s,
+        "writer_messages": writer.messages,
         "stores_per_commit": stores_per_commit(subjects),
         "redis_commands_per_iter": sum(per_iter.calls.values()),
         "redis_cpu_s_per_iter": per_iter.cpu_s,
@@ -683,6 +706,11 @@ def capacity(work: Path) -> dict[str, object]:
             f"capacity_idle_shared_bytes_per_s{tag}": round(side.shared.net_bytes),
             f"capacity_store_step_ms{tag}": round(1e3 * side.store_s, 2),
             f"capacity_writer_ms_per_iter_at_100k{tag}": round(1e3 * writer_s, 2),
+            f"capacity_writer_messages_per_store{tag}": round(side.writer.messages, 3),
+            f"capacity_writer_cpu_ms_per_store_at_100k{tag}": round(1e3 * (side.writer.cpu_s + extra), 2),
+            f"capacity_gpus_writer_cpu{tag}": capacity_limits(
+                0.0, 0.0, stores_per_iter * (side.writer.cpu_s + extra)
+            )["capacity_gpus_writer"],
         }
         out |= {k + tag: v for k, v in limits.items() if k != "capacity_target_gpus"}
     # group commit: the writer's busy time per STORE (one run without, one with, both under ``always``);
@@ -692,6 +720,7 @@ def capacity(work: Path) -> dict[str, object]:
         grouped["store_busy_s"] + extra / max(1.0, grouped["stores_per_commit"])
     )
     writer_single_s = stores_per_iter * (always.store_busy_s + extra)
+    writer_group_cpu_s = grouped["writer_cpu_s"] + extra / max(1.0, grouped["stores_per_commit"])
     limits_group, _, _ = _limits(always, _beats(always, calls), writer_group_s)
     out |= {
         "capacity_group_commit_max": GROUP,
@@ -704,6 +733,11 @@ def capacity(work: Path) -> dict[str, object]:
         "capacity_gpus_writer_group": limits_group["capacity_gpus_writer"],
         "capacity_gpus_group": limits_group["capacity_gpus"],
         "capacity_saturates_first_group": limits_group["capacity_saturates_first"],
+        "capacity_writer_messages_per_store_group": round(grouped["writer_messages"], 3),
+        "capacity_writer_cpu_ms_per_store_at_100k_group": round(1e3 * writer_group_cpu_s, 2),
+        "capacity_gpus_writer_cpu_group": capacity_limits(0.0, 0.0, stores_per_iter * writer_group_cpu_s)[
+            "capacity_gpus_writer"
+        ],
     }
     out |= {
         "capacity_coordinator_tick_gpus": TARGET_GPUS,
@@ -738,7 +772,10 @@ def capacity(work: Path) -> dict[str, object]:
         " the same run); wall times grow with the machine's load; *_group: the writer with group commit "
         f"(at most {GROUP} STOREs per commit), its time the busy time per STORE (overlapping steps once) "
         "plus the 100k commit's extra cost over the STOREs per commit, beside the same figure without it "
-        "(writer_busy)"
+        "(writer_busy); writer_cpu: the writer process's CPU per STORE step over the batch (main process "
+        "and pool: its Celery messages, claims, commits, completions) plus the same 100k extra cost, and "
+        "the GPUs it serves priced on that instead of the store step's wall time; writer_messages_per_store:"
+        " the Celery messages the writer was sent per STORE step"
     )
     log.info("capacity: %s", out)
     return out

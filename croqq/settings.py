@@ -193,11 +193,11 @@ class Settings(BaseSettings):
         0.015, ge=0, lt=1, description="Relative win needed before a KEEP is confirmed."
     )
     store_group: int = Field(
-        1,
+        16,
         ge=1,
         le=256,
-        description="The most STOREs the writer commits together: 1 is one commit per iteration; more is "
-        "group commit (a STORE takes the oldest STOREs queued behind it into its commit).",
+        description="The most STOREs the writer commits together: woken, it drains every queued STORE, "
+        "this many per commit (1: one commit per iteration).",
     )
     ideate_rate_limit: str = Field("", description="Celery rate limit for the ideate task, e.g. '30/m'.")
     ideate_concurrency: int = Field(8, ge=1)

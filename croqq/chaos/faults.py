@@ -19,6 +19,8 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+import redis
+
 from croqq.delivery import keys
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeSummary
@@ -37,6 +39,7 @@ KILLS: dict[str, tuple[str | None, str]] = {
     "kill_writer": ("store", "writer"),
     "kill_writer_mid_commit": ("store:commit", "writer"),
     "kill_writer_after_commit": ("store:complete", "writer"),
+    "kill_redis_mid_store": ("store:commit", REDIS),  # Redis restarts while the writer commits a batch
     "kill_build": ("implement", "reached"),
     "kill_ideate": ("ideate", "ideate"),
     "kill_beat": (None, "beat"),
@@ -154,15 +157,28 @@ class Injector:
         try:
             pid = self._victim_pid(victim, host_pid, step_id)
             if pid is not None:
+                steps = [step_id] if step_id else []  # read before the kill: the victim may be Redis
+                gpu, shapes = self._gpu_of_step(step_id) if step_id else "", self._iters_of_steps(steps)
                 self._kill_pid(pid)
                 shot.at = time.time()  # recovery counts from the kill, not from raising the barrier
                 shot.landed, shot.target = True, f"{victim} pid {pid} at {barrier}"
-                shot.steps = [step_id] if step_id else []
-                shot.gpu = self._gpu_of_step(step_id) if step_id else ""
-                shot.shapes = self._iters_of_steps(shot.steps)
+                shot.steps, shot.gpu, shot.shapes = steps, gpu, shapes
         finally:
-            self.client.delete(keys.barrier(barrier))
+            self._drop_barrier(barrier)
         return shot
+
+    def _drop_barrier(self, barrier: str) -> None:
+        """Delete the barrier, once Redis is back if the victim was Redis (its AOF kept the barrier)."""
+        deadline = Deadline(BARRIER_WAIT_S)
+        while True:
+            try:
+                self.client.delete(keys.barrier(barrier))
+                return
+            except redis.ConnectionError:
+                if deadline.expired():
+                    raise
+                self.cluster.poll()
+                time.sleep(0.1)
 
     def _land(self, barrier: str) -> tuple[str, str] | None:
         self.client.delete(keys.barrier(f"{barrier}:reached"))

@@ -9,8 +9,10 @@ croqq:ideas:<sid>              set     content hashes already proposed for a sha
 croqq:step:<step id>           hash    step ledger record: sid kind epoch status owner queue payload times
 croqq:running                  zset    step ids running, score = lease deadline (heartbeats push it)
 croqq:queued                   zset    step ids queued, score = last publish time
-croqq:queued:store             zset    the STORE steps among them, score = queued time (group commit takes
-                                       the oldest; a claim or a drop removes one)
+croqq:queued:store             zset    the STORE steps among them, score = queued time (the writer drains
+                                       the oldest first; a claim or a drop removes one)
+croqq:store_wake               string  a wake-up message for the writer is on its way (SET NX by a STORE's
+                                       publish, deleted by the writer before it drains); PX = lease TTL
 croqq:lease_run                string  the Redis run id the in-memory renewals belong to (step deadlines,
                                        worker beats, GPU leases are not persisted: under a new run id each
                                        gets one TTL, croqq/delivery/grace.py)
@@ -25,7 +27,8 @@ croqq:worker:<node>            hash    a worker process: queues pid host started
 croqq:workers                  zset    worker nodes, score = last heartbeat (in memory only)
 croqq:queue_reset:<queue>      string  last time a consumer of the queue died or restarted
 croqq:stats                    hash    counters (stored, attempts, keep, discard, fail, redispatch,
-                                       lease_expired, artifact_bytes_put, artifact_bytes_got, ...)
+                                       store_wakeups, lease_expired, artifact_bytes_put, artifact_bytes_got,
+                                       ...)
 croqq:commit_seconds           hash    the writer's commit times: le:<bound> -> commits in that bucket (not
                                        cumulative; le:+Inf above the last), sum, count (croqq.work.stats)
 croqq:repo_bytes               string  the results repo's .git size in bytes, as the writer last measured it
@@ -57,6 +60,7 @@ SUMMARY = f"{PREFIX}:summary"
 RUNNING = f"{PREFIX}:running"
 QUEUED = f"{PREFIX}:queued"
 QUEUED_STORES = f"{PREFIX}:queued:store"
+STORE_WAKE = f"{PREFIX}:store_wake"
 LEASE_RUN = f"{PREFIX}:lease_run"
 OUTBOX = f"{PREFIX}:outbox"
 GPUS = f"{PREFIX}:gpus"

@@ -9,9 +9,10 @@ Each shape has at most one step in flight. A step record (``croqq:step:<id>``) m
 - **claim**: a worker may run a step only by moving it ``queued -> running`` for the message's epoch
   (a Lua script); duplicates and stale epochs are refused. The claimer holds a lease: its deadline is
   the step's score in ``croqq:running``, pushed forward by heartbeats (in Redis's memory only: after a
-  restart every running step gets one TTL to renew). With group commit the writer also
-  claims queued STORE steps whose messages it has not received yet (``claim_queued_stores``, the same
-  ``queued -> running`` move); their messages then find them taken and are dropped.
+  restart every running step gets one TTL to renew). The writer claims STORE steps from the ledger
+  itself (``claim_queued_stores``, the same ``queued -> running`` move): a STORE's message only wakes it,
+  and is sent only when no wake-up is on its way already (``croqq:store_wake``); a wake-up lost with its
+  writer or with Redis's tail is sent again by housekeeping (:meth:`Ledger.wake_writer`).
 - **complete**: the result (an FSM event) is applied in one WATCH/MULTI transaction that checks the
   step is still ours at this epoch, moves the shape's loop, marks the step done and writes the next
   step. First result wins; a stale or duplicate result changes nothing.
@@ -275,18 +276,57 @@ class Ledger:
 
     # -- publishing -----------------------------------------------------------------------------------
 
-    def publish(self, records: Iterable[StepRecord | None]) -> None:
+    def publish(self, records: Iterable[StepRecord | None], force: bool = False) -> None:
         """Send each step's message, then take them all off the outbox in one call (a crash in between
-        leaves them there: housekeeping publishes them again and the duplicates are dropped at claim)."""
+        leaves them there: housekeeping publishes them again and the duplicates are dropped at claim).
+
+        A STORE's message is only the writer's wake-up (the writer drains every queued STORE from the
+        ledger), so it is sent only when none is on its way already, unless ``force`` (a re-publish: the
+        pending wake-up may have died with its writer)."""
         if self.publisher is None:
             return
         sent = []
         for record in records:
             if record is not None:
-                self.publisher(record)
+                if record.kind != "store" or self._wake_due(force):
+                    self.publisher(record)
                 sent.append(record.step_id)
         if sent:
             self.client.zrem(keys.OUTBOX, *sent)
+
+    def _wake_due(self, force: bool = False) -> bool:
+        """True if the caller is to send the writer a wake-up: none was on its way (or ``force``). The flag
+        lives one lease TTL: a wake-up not taken by then counts as lost, and the next STORE (or
+        housekeeping's :meth:`wake_writer`) sends another."""
+        px = max(1, int(self.lease_ttl_s * 1000))
+        return bool(self.client.set(keys.STORE_WAKE, "1", px=px, nx=not force))
+
+    def take_wake(self) -> None:
+        """The writer, before it drains: a STORE queued from now on sends a new wake-up (one queued before
+        is in the ledger already, so the drain that follows takes it). Counts the wake-ups taken."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(keys.STORE_WAKE)
+        pipe.hincrby(keys.STATS, "store_wakeups", 1)
+        pipe.execute()
+
+    def wake_writer(self, older_than_s: float = 0.0) -> bool:
+        """Send the writer a wake-up if a STORE has waited in the ledger longer than ``older_than_s`` and
+        none is on its way: housekeeping's net for a wake-up lost with a killed writer or Redis's tail, and
+        the writer's own when it stops draining with STOREs left. Stale index entries met on the way are
+        dropped. True if one was sent."""
+        if self.publisher is None:
+            return False
+        cutoff = clock.now(self.client) - older_than_s
+        for step_id in strs(self.client.zrangebyscore(keys.QUEUED_STORES, "-inf", cutoff, start=0, num=8)):
+            record = self.load_step(step_id)
+            if record is None or record.status != StepStatus.QUEUED or record.kind != "store":
+                self.client.zrem(keys.QUEUED_STORES, step_id)
+                continue
+            if not self._wake_due():
+                return False
+            self.publisher(record)
+            return True
+        return False
 
     # -- the step protocol ----------------------------------------------------------------------------
 
@@ -306,9 +346,8 @@ class Ledger:
 
     def claim_queued_stores(self, owner: str, limit: int) -> list[tuple[StepMessage, ShapeState | None]]:
         """Claim for ``owner`` up to ``limit`` of the oldest queued STORE steps, whatever their messages
-        (group commit: the writer stores them together with the one it was sent). Returns each claimed step
-        as the message that would have run it, with its shape's state. Their own messages, when they come,
-        find the steps running or done and are dropped, as any duplicate."""
+        (the writer drains them into one commit). Returns each claimed step as the message that would have
+        run it, with its shape's state. A message of one of them, when it comes, only wakes the writer."""
         ids = strs(self.client.zrange(keys.QUEUED_STORES, 0, limit - 1)) if limit > 0 else []
         if not ids:
             return []
@@ -528,7 +567,7 @@ class Ledger:
                 continue
             self.client.zadd(keys.QUEUED, {step_id: clock.now(self.client)})
             log.info("re-publishing %s (%s)", step_id, reason)
-            self.publish([record])
+            self.publish([record], force=True)
             count += 1
         return count
 

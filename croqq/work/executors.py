@@ -320,8 +320,11 @@ def store_request_for(rt: Runtime, state: ShapeState, msg: StepMessage) -> Store
     )
 
 
-def store(rt: Runtime, state: ShapeState, msg: StepMessage) -> Stored | Resynced:
-    req = store_request_for(rt, state, msg)
+def store(
+    rt: Runtime, state: ShapeState, msg: StepMessage, req: StoreRequest | None = None
+) -> Stored | Resynced:
+    """Commit this STORE alone (``req``: its request, if already built)."""
+    req = req or store_request_for(rt, state, msg)
     try:
         receipt = rt.writer.apply(req)
     except StoreGapError as exc:  # git lost commits the loop counted (or never had them): git wins

@@ -2,6 +2,7 @@
 are harmless (every repair is a Redis transaction that re-checks its premise).
 
 Each tick: re-queue steps whose lease expired (epoch + 1), publish outbox entries a crash left behind,
+wake the writer when a STORE waited a lease TTL (its wake-up was lost with a killed writer or Redis's tail),
 forget dead workers and re-publish steps queued before their consumer died, release the shapes of GPUs
 whose worker is gone for good, re-probe quarantined GPUs, repair shapes left without a step, fill GPUs,
 and after a Redis restart, restore or flush, and on a schedule, ask the writer to reconcile live state
@@ -40,6 +41,7 @@ def reconcile(rt: Runtime) -> dict[str, int]:
         out["git_reconcile"] = ask_writer_to_reconcile(rt)
     out["expired"] = rt.ledger.expire_leases()
     out["outbox"] = rt.ledger.flush_outbox(OUTBOX_GRACE_S)
+    out["store_wake"] = int(rt.ledger.wake_writer(older_than_s=rt.settings.lease_ttl_s))
     out["dead_workers"] = len(registry.reap_dead_workers(rt.client, rt.settings.lease_ttl_s))
     out["republished"] = republish_after_resets(rt)
     gpus = registry.all_gpus(rt.client)  # one read of the registry for the offline check and the fill

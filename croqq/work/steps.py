@@ -11,8 +11,9 @@ alarm for this worker and defers the step (it waits, then goes back to its queue
 the shape); the next STORE or build that succeeds in that process (or, after a restart, in the process that
 replaced it) clears the alarm.
 
-With group commit (``store_group`` above 1) a STORE takes the oldest queued STOREs with it into one commit
-and one completing transaction (:func:`_run_stores`); their own messages are then dropped as duplicates.
+A STORE message only wakes the writer (messages are triggers, the ledger is the truth): the writer drains
+every queued STORE from the ledger, oldest first, ``store_group`` at most per commit and completing
+transaction (:func:`_drain_stores`). Most STOREs send no message at all (``Ledger.publish``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 
 DISK_FULL = "disk_full"
 DISK_KINDS = frozenset({"store", "implement"})  # the steps that write to this host's disk
+# commits per wake-up before the writer lets the store queue's other tasks (reconcile, summary, flush) run;
+# it wakes itself for the rest
+DRAIN_ROUNDS = 16
 # disk_full may be raised for this worker: by this process, or by its predecessor under the same name (so a
 # restarted worker clears it at its first success)
 _disk_alarm: set[str] = {DISK_FULL}
@@ -87,12 +91,12 @@ def run_step(rt: Runtime, payload: Any, task_name: str) -> StepOutcome:
         rt.client.hincrby(keys.STATS, "rejected", 1)
         log.error("rejected message: %s", exc)
         return StepOutcome.REJECTED
+    if msg.kind == "store":
+        return _drain_stores(rt, msg)
     status, state = rt.ledger.claim(msg.step_id, msg.epoch, rt.owner, msg.kind, msg.sid)
     if status != ClaimOutcome.OK:
         log.info("dropping %s %s epoch %d: step is %s", msg.kind, msg.step_id, msg.epoch, status)
         return StepOutcome(status)
-    if msg.kind == "store" and rt.settings.store_group > 1:
-        return _run_stores(rt, msg, state)
     leases = rt.step_leases
     leases.add(msg.step_id)
     outcome, event = _guarded(rt, msg, lambda: _execute(rt, msg, state))
@@ -131,12 +135,34 @@ def _execute(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Any:
     return event
 
 
-def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> StepOutcome:
-    """Group commit: this STORE and up to ``store_group - 1`` of the oldest queued behind it (claimed ahead
-    of their messages) go into one commit, then complete in one transaction. Each step keeps its own
+def _drain_stores(rt: Runtime, msg: StepMessage) -> StepOutcome:
+    """A wake-up: store every queued STORE of the ledger, ``store_group`` at most per commit, until none is
+    left (or ``DRAIN_ROUNDS`` commits: then it wakes itself for the rest). A round that defers or refuses
+    a STORE ends the drain (that STORE went back to the ledger and sent its own wake-up). Returns the
+    outcome of the message's own step if this drain ran it, else DONE when it stored any, else DROPPED."""
+    rt.ledger.take_wake()
+    outcomes: dict[str, StepOutcome] = {}
+    for _ in range(DRAIN_ROUNDS):
+        group = rt.ledger.claim_queued_stores(rt.owner, rt.settings.store_group)
+        if not group:
+            break
+        done = _run_stores(rt, group)
+        outcomes |= done
+        if {StepOutcome.DEFERRED, StepOutcome.REFUSED} & set(done.values()):
+            break
+    else:
+        rt.ledger.wake_writer()
+    if msg.step_id in outcomes:
+        return outcomes[msg.step_id]
+    if not outcomes:
+        log.info("wake-up %s: no STORE was queued", msg.step_id)
+    return StepOutcome.DONE if StepOutcome.DONE in outcomes.values() else StepOutcome.DROPPED
+
+
+def _run_stores(rt: Runtime, group: list[tuple[StepMessage, ShapeState | None]]) -> dict[str, StepOutcome]:
+    """Group commit of claimed STOREs: one commit, then one completing transaction. Each step keeps its own
     fate: one that fails before the commit is failed alone, a group the writer refuses is stored one by
-    one, and a stale step does not hold up the others. Returns this message's outcome."""
-    group = [(msg, state), *rt.ledger.claim_queued_stores(rt.owner, rt.settings.store_group - 1)]
+    one, and a stale step does not hold up the others. Returns each step's outcome."""
     leases = rt.step_leases
     for member, _ in group:
         leases.add(member.step_id)
@@ -147,7 +173,7 @@ def _run_stores(rt: Runtime, msg: StepMessage, state: ShapeState | None) -> Step
         completed = _complete_group(
             rt, [(member, event) for member, _, event in settled if event is not None]
         )
-        return completed.get(msg.step_id, settled[0][1])
+        return {member.step_id: completed.get(member.step_id, outcome) for member, outcome, _ in settled}
     finally:
         for member, _ in group:
             leases.remove(member.step_id)
@@ -197,7 +223,7 @@ def _store_group(
             rq: StoreRequest = req,
             rc: StoreReceipt | None = receipt,
         ) -> Any:
-            event = store(rt, st, m) if rc is None else stored(rt, st, m, rq, rc)
+            event = store(rt, st, m, rq) if rc is None else stored(rt, st, m, rq, rc)
             wait_barrier(rt, "store:complete", m.step_id)
             return event
 

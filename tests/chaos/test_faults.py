@@ -15,11 +15,14 @@ import pytest
 
 from croqq.chaos.faults import GPU_FAULTS, KILLS, KINDS
 from croqq.chaos.stress import StressConfig, run
+from croqq.processes.local import REDIS
 
 pytestmark = pytest.mark.chaos
 TTL = 3.0
-KILLED_STEP_KINDS = {kind for kind, (barrier, _) in KILLS.items() if barrier is not None}
+# a killed step is re-dispatched; Redis killed mid-step leaves its holder alive, which may finish it
+KILLED_STEP_KINDS = {kind for kind, (barrier, victim) in KILLS.items() if barrier and victim != REDIS}
 WRITER_KILLS = sorted(kind for kind, (_, victim) in KILLS.items() if victim == "writer")
+MID_BATCH = sorted(kind for kind, (barrier, _) in KILLS.items() if barrier and barrier.startswith("store"))
 
 
 def stress_once(
@@ -62,13 +65,14 @@ def test_fault_loses_and_duplicates_nothing(short_tmp: Path, kind: str) -> None:
     assert kind in GPU_FAULTS or summary["redispatches"] >= (1 if kind in KILLED_STEP_KINDS else 0)
 
 
-@pytest.mark.parametrize("kind", WRITER_KILLS)
-def test_a_writer_killed_mid_group_commit_loses_and_duplicates_nothing(short_tmp: Path, kind: str) -> None:
+@pytest.mark.parametrize("kind", MID_BATCH)
+def test_a_writer_or_redis_killed_mid_batch_loses_and_duplicates_nothing(short_tmp: Path, kind: str) -> None:
     summary = stress_once(short_tmp, kind, store_group=8)
     assert summary["faults_injected"] == {kind: 1}, summary["faults_not_landed"]
     assert (summary["rounds_lost"], summary["duplicates"]) == (0, 0)
     assert summary["rounds_stored"] == summary["rounds_expected"] == 36
-    assert summary["validate_ok"] is True and summary["redispatches"] >= 1
+    assert summary["validate_ok"] is True
+    assert kind not in WRITER_KILLS or summary["redispatches"] >= 1  # the dead writer's batch re-dispatched
     assert summary["recovery_max_s"] is not None  # recovered: how fast is a benchmark figure
     subjects = subprocess.run(
         ["git", "-C", str(short_tmp / "run" / "cluster" / "results"), "log", "--format=%s"],

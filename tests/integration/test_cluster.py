@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from croqq.chaos.invariants import iteration_commits, repo_problems
 from croqq.delivery import keys
+from croqq.delivery.ledger import Ledger
 from croqq.delivery.queues import BUILD, TASK_BUILD
+from croqq.delivery.redis_client import strs, text
 from croqq.patience import wait_until
 from croqq.processes.app import make_app
 from croqq.processes.local import LocalCluster
@@ -58,6 +63,7 @@ def assert_every_record_agrees(repo: Path, shapes: int, max_iter: int) -> None:
 
 
 def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster_env: dict[str, str]) -> None:
+    cluster_env = cluster_env | {"CROQQ_STORE_GROUP": "1"}
     with LocalCluster(cluster_env) as cluster:
         cluster.wait_gpus()
         sub = cluster.submit("f16", max_iter=4, limit=3)
@@ -67,16 +73,23 @@ def test_every_iteration_is_committed_exactly_once_and_all_records_agree(cluster
         assert client.zcard(keys.RUNNING) == 0 and client.zcard(keys.OUTBOX) == 0
     repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
     subjects = git(repo, "log", "--format=%s").splitlines()
-    assert len([s for s in subjects if ITER_LINE.match(s)]) == 15  # by default, one commit per iteration
+    assert len([s for s in subjects if ITER_LINE.match(s)]) == 15  # store_group 1: one commit per iteration
     assert_every_record_agrees(repo, shapes=3, max_iter=4)
+
+
+@contextlib.contextmanager
+def _grouped(cluster_env: dict[str, str]) -> Iterator[LocalCluster]:
+    """A cluster committing up to 8 STOREs per commit, its GPUs up (fixed depth: the tests hold STOREs)."""
+    env = cluster_env | {"CROQQ_STORE_GROUP": "8", "CROQQ_PIPELINE_DEPTH_MODE": "fixed"}
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        yield cluster
 
 
 def test_group_commit_stores_the_queued_iterations_together_each_exactly_once(
     cluster_env: dict[str, str],
 ) -> None:
-    env = cluster_env | {"CROQQ_STORE_GROUP": "8", "CROQQ_PIPELINE_DEPTH_MODE": "fixed"}
-    with LocalCluster(env) as cluster:
-        cluster.wait_gpus()
+    with _grouped(cluster_env) as cluster:
         client = cluster.client
         client.set(keys.barrier("store"), "1")  # the writer holds its first STORE until 2 more are queued
         sub = cluster.submit("f16", max_iter=3, limit=4)
@@ -87,14 +100,59 @@ def test_group_commit_stores_the_queued_iterations_together_each_exactly_once(
         assert (
             client.zcard(keys.RUNNING) == client.zcard(keys.OUTBOX) == client.zcard(keys.QUEUED_STORES) == 0
         )
-    repo = Path(env["CROQQ_RESULTS_REPO"])
+        wakeups = int(client.hget(keys.STATS, "store_wakeups") or 0)
+    repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
     groups = [
         int(m.group(1)) for m in map(GROUP_SUBJECT.match, git(repo, "log", "--format=%s").splitlines()) if m
     ]
     assert groups and max(groups) >= 2  # those queued behind the held STORE went into one commit
     assert_every_record_agrees(repo, shapes=4, max_iter=3)
-    log = (Path(env["CROQQ_RUN_DIR"]) / "logs" / "writer.log").read_text()
-    assert "step is done" in log  # a STORE taken into an earlier commit: its own message was dropped
+    assert 1 <= wakeups < 16  # most STOREs sent the writer no message: one wake-up drained several
+
+
+def _arm(client: Any, barrier: str) -> None:
+    client.delete(keys.barrier(f"{barrier}:reached"))
+    client.set(keys.barrier(barrier), "1")
+
+
+def _running_stores(client: Any) -> list[str]:
+    running = strs(client.zrange(keys.RUNNING, 0, -1))
+    return [s for s in running if text(client.hget(keys.step(s), "kind")) == "store"]
+
+
+def _held_batch(client: Any) -> list[str]:
+    """Hold the writer after a commit, before its completion; if that batch holds 2+ STOREs, it is the
+    one. Else hold it there until 2+ STOREs queue behind it and catch the batch they make at its next
+    commit (the branch not yet moved). Returns the held batch's STOREs (claimed, running); the caller
+    lifts both barriers."""
+    _arm(client, "store:complete")
+    wait_until(lambda: client.exists(keys.barrier("store:complete:reached")), 180, "a STORE committed")
+    held = _running_stores(client)
+    if len(held) >= 2:
+        return held
+    wait_until(lambda: client.zcard(keys.QUEUED_STORES) >= 2, 180, "2 STOREs queued", every_s=0.05)
+    _arm(client, "store:commit")
+    client.delete(keys.barrier("store:complete"))
+    wait_until(lambda: client.exists(keys.barrier("store:commit:reached")), 180, "the writer at a commit")
+    return _running_stores(client)
+
+
+def test_a_stale_epoch_inside_a_drained_batch_is_stored_once_and_holds_up_no_other(
+    cluster_env: dict[str, str],
+) -> None:
+    with _grouped(cluster_env) as cluster:
+        client = cluster.client
+        sub = cluster.submit("f16", max_iter=3, limit=4)
+        held = _held_batch(client)
+        assert len(held) >= 2
+        ledger = Ledger(client, cluster.settings.lease_ttl_s, advance=None)  # type: ignore[arg-type]
+        assert ledger.requeue(held[0], "a stale epoch inside the batch")  # epoch + 1; no message sent
+        client.delete(keys.barrier("store:commit"), keys.barrier("store:complete"))
+        snap = cluster.wait_done(sub, timeout_s=300)
+        assert snap.total.done == 4 and snap.total.iters_done == 16
+        assert int(client.hget(keys.STATS, "redispatch") or 0) >= 1
+        assert client.zcard(keys.RUNNING) == client.zcard(keys.QUEUED_STORES) == 0
+    assert_every_record_agrees(Path(cluster_env["CROQQ_RESULTS_REPO"]), shapes=4, max_iter=3)
 
 
 def test_a_payload_that_fails_validation_is_logged_and_dropped(cluster_env: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ from croqq.delivery import grace, keys
 from croqq.delivery.leases import Heartbeat, Lease, StepLeases, owner_id
 from croqq.delivery.ledger import Ledger, StepRecord
 from croqq.delivery.messages import SubmitMessage
+from croqq.delivery.redis_client import strs
 from croqq.delivery.state import ShapeState, make_sid
 from croqq.domain.fsm import BaselineMeasured, Built, Phase, Proposed, Stored
 from croqq.domain.manifest import load_manifest
@@ -364,9 +365,36 @@ def store_steps(cluster: Cluster, shapes: int) -> list[StepRecord]:
         step = baseline_step(cluster)
         cluster.ledger.claim(step.step_id, 0, "gpu", step.kind, step.sid)
         cluster.ledger.complete(step.step_id, 0, "gpu", baseline_event())
-    stores = [r for r in cluster.published if r.kind == "store"]
+    assert [r.kind for r in cluster.published].count("store") == 1  # one wake-up for all of them
+    stores = [cluster.ledger.load_step(i) for i in strs(cluster.client.zrange(keys.QUEUED_STORES, 0, -1))]
     assert len(stores) == shapes
-    return stores
+    return stores  # type: ignore[return-value]
+
+
+def test_stores_queued_while_a_wake_up_is_on_its_way_send_no_message(redis_client: redis.Redis) -> None:
+    cluster = Cluster(redis_client, depth=4)
+    cluster.add_gpu("GPU-a")
+    first, *_ = store_steps(cluster, 3)  # the first STORE woke the writer; the others sent nothing
+    cluster.ledger.take_wake()  # the writer drains: a STORE queued from now on wakes it again
+    cluster.published.clear()
+    cluster.ledger.publish([first, first])
+    assert [r.step_id for r in cluster.published] == [first.step_id]
+    assert redis_client.zcard(keys.OUTBOX) == 0  # a STORE without a message is published all the same
+
+
+def test_a_lost_wake_up_is_sent_again_once_a_store_waited_a_lease_ttl(redis_client: redis.Redis) -> None:
+    ttl = 0.2
+    cluster = Cluster(redis_client, depth=4, ttl=ttl)
+    cluster.add_gpu("GPU-a")
+    oldest = store_steps(cluster, 2)[0]
+    cluster.published.clear()  # the wake-up is lost (its writer was killed, or Redis lost its tail)
+    assert not cluster.ledger.wake_writer(older_than_s=ttl)  # not yet: a wake-up may still be on its way
+    time.sleep(ttl + 0.05)
+    assert cluster.ledger.wake_writer(older_than_s=ttl)
+    assert [r.step_id for r in cluster.published] == [oldest.step_id]
+    assert not cluster.ledger.wake_writer(older_than_s=ttl)  # one on its way again
+    assert cluster.ledger.republish([oldest.step_id], "its consumer restarted") == 1  # a re-publish is sent
+    assert len(cluster.published) == 2
 
 
 def test_the_writer_claims_the_oldest_queued_stores_before_their_messages(redis_client: redis.Redis) -> None:
