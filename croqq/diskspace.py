@@ -41,7 +41,7 @@ def _size(n: int) -> str:
 
 def full_error(path: Path, what: str, retry_s: float, reserve: int = 0, detail: str = "") -> DiskFullError:
     """The one-line error (and alarm text) for a full disk under ``path``; ``detail`` (what failed) is
-    logged, the line stays short enough for ``croqq status``."""
+    logged, the line stays one line (``croqq status`` shows it whole)."""
     free = f"{_size(free_bytes(path))} free" + (f", under the {_size(reserve)} reserve" if reserve else "")
     if detail:
         log.info("%s: %s", path, detail)

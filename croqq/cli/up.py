@@ -80,6 +80,7 @@ def up(
             cluster.wait_gpus()
             submission = cluster.submit(dtype, shape, max_iter, mode, limit=limit, candidates=count)
             console.print(f"submitted as {submission}")
+            console.print(_expected(cluster, submission, count), soft_wrap=True)
         interrupted = _watch(cluster, submission, exit_when_done, console)
     except KeyboardInterrupt:
         interrupted = True
@@ -88,6 +89,23 @@ def up(
         cluster.stop()
     if interrupted:
         console.print("stopped; run the same command again to resume where it stopped")
+
+
+def _expected(cluster: LocalCluster, submission: str, candidates: int) -> str:
+    """The line that says how long the submission should take (:func:`croqq.work.progress.expected_s`)."""
+    from croqq.cli.view import duration
+    from croqq.work.progress import CPU_S_PER_ITERATION, expected_s
+
+    total = cluster.snapshot(submission).total
+    left = total.iters_total - total.iters_done
+    seconds = expected_s(cluster.settings, left, len(cluster.gpu_names), candidates)
+    if seconds is None:
+        return f"{left} iterations to store; the ETA follows the measured rate once there is one"
+    return (
+        f"{left} iterations to store: expected duration about {duration(seconds)} "
+        f"(~{CPU_S_PER_ITERATION:g} CPU s per iteration over this machine's cores, or the simulated GPU "
+        "time if longer); the ETA then follows the measured rate"
+    )
 
 
 def _watch(cluster: LocalCluster, submission: str | None, exit_when_done: bool, console: Console) -> bool:

@@ -10,7 +10,7 @@ from rich.table import Table
 from croqq.work.progress import RateMeter, Snapshot
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(seconds)
@@ -36,7 +36,7 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
     rate = meter.rate if meter else 0.0
     eta = meter.eta_s(snap) if meter else None
     line = (
-        f"{rate:.1f} iter/s   ETA {_duration(eta)}   KEEP {c.get('KEEP', 0)}  DISCARD {c.get('DISCARD', 0)}  "
+        f"{rate:.1f} iter/s   ETA {duration(eta)}   KEEP {c.get('KEEP', 0)}  DISCARD {c.get('DISCARD', 0)}  "
         f"FAIL {c.get('FAIL', 0)}  attempts {c.get('attempts', 0)} "
         f"(compile {c.get('attempts:compile', 0)}, check {c.get('attempts:check', 0)}, "
         f"agent {c.get('attempts:agent', 0)}, repeat {c.get('attempts:repeat', 0)})   "
@@ -49,7 +49,7 @@ def render(snap: Snapshot, meter: RateMeter | None = None, title: str = "croqq")
     for g in snap.gpus:
         status = f"{g.status}: {g.reason}" if g.reason else g.status
         shapes_of = f"{g.active}/{g.depth}" if g.depth else str(g.active)  # active / pipeline depth
-        gpus.add_row(g.uuid, status, shapes_of, _duration(g.busy_s), g.current or "idle")
+        gpus.add_row(g.uuid, status, shapes_of, duration(g.busy_s), g.current or "idle")
     return Group(shapes, line, gpus, *_agents(snap), *_problems(snap))
 
 
@@ -58,10 +58,11 @@ def _problems(snap: Snapshot, limit: int = 10) -> list[Table]:
     out = []
     if snap.alarms:
         table = Table(title="ALARMS (croqq waits for these to pass; each says what to do)", show_edge=False)
-        for col in ("alarm", "where", "since", "what"):
-            table.add_column(col)
+        for col in ("alarm", "where", "since"):
+            table.add_column(col, no_wrap=True)
+        table.add_column("what", overflow="fold")  # whole: the message says what to do (its producer keeps it short)
         for a in snap.alarms:
-            table.add_row(a.name, a.source, time.strftime("%H:%M:%S", time.localtime(a.at)), a.message[:160])
+            table.add_row(a.name, a.source, time.strftime("%H:%M:%S", time.localtime(a.at)), a.message)
         out.append(table)
     if snap.host_problems:
         table = Table(
@@ -109,7 +110,7 @@ def _agents(snap: Snapshot) -> list[Table | str]:
             state,
             str(a.calls),
             str(a.failures),
-            _duration(a.wall_s),
+            duration(a.wall_s),
             f"${a.cost_usd:.2f}",
             a.last_error[:80] if not a.healthy else "",
         )
@@ -147,8 +148,8 @@ def progress_line(snap: Snapshot, meter: RateMeter | None, elapsed_s: float) -> 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(snap.at))
     return (
         f"{stamp} progress: {t.iters_done}/{t.iters_total} iterations ({pct:.1f}%) after "
-        f"{_duration(elapsed_s)}, {meter.rate if meter else 0.0:.2f} iter/s, "
-        f"ETA {_duration(meter.eta_s(snap) if meter else None)}; shapes done {t.done} active {t.active} "
+        f"{duration(elapsed_s)}, {meter.rate if meter else 0.0:.2f} iter/s, "
+        f"ETA {duration(meter.eta_s(snap) if meter else None)}; shapes done {t.done} active {t.active} "
         f"pending {t.pending} error {t.error}; KEEP {c.get('KEEP', 0)} DISCARD {c.get('DISCARD', 0)} "
         f"FAIL {c.get('FAIL', 0)} attempts {c.get('attempts', 0)}; GPUs {len(snap.gpus)} "
         f"({healthy} healthy, {busy} busy)"

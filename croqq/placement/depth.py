@@ -1,15 +1,20 @@
 """How many shapes each GPU holds (its pipeline depth), chosen from the step times it observes.
 
 A GPU stays busy while one of its shapes always has a GPU step queued. Each shape alternates between a
-GPU step (BASELINE, PROFILE, MEASURE: claim to result) and steps off the GPU (STORE, IDEATE, IMPLEMENT:
-dispatch to result). With ``C`` and ``G`` the off-GPU and GPU seconds of the GPU's shapes, ``1 + C/G``
+GPU step (BASELINE, PROFILE, MEASURE) and steps off the GPU (STORE, IDEATE, IMPLEMENT), each counted from
+its claim to its result. With ``C`` and ``G`` the off-GPU and GPU seconds of the GPU's shapes, ``1 + C/G``
 shapes keep it exactly busy at mean step times; headroom covers the spread::
 
     depth = ceil(pipeline_headroom x (1 + C / G))
 
 Means, not a quantile: in a closed loop the GPU's throughput follows the mean off-GPU time. ``C`` and ``G``
 decay over about the last MEMORY_CYCLES cycles of every shape, so a shallow pipeline forgets as fast in time
-as a deep one. A GPU step's wait in its queue counts in neither (it would feed the depth back into itself).
+as a deep one. No step's wait in its queue counts: a queue that is long because its workers are saturated
+(the agents, the builders, a CPU-bound machine) would grow the depth, the depth the queue, and so on until
+every shape of the submission was active at once; more shapes never make a saturated pool faster.
+
+The depths are the admission window: shapes beyond them wait in their type's pending set in the schedule's
+order and take the slot of a shape that finishes, so a long submission finishes shapes as it goes.
 
 Bounds: ``pipeline_depth_max``, the GPU's fair share of its type's shapes, and ``pipeline_depth`` until
 MIN_OBSERVATIONS steps have been seen; a lower depth never evicts a shape.
@@ -81,9 +86,9 @@ class Observed:
 
 
 def observe(pipe: Any, uuid: str, record: StepRecord, now: float) -> None:
-    """Add a finished step's seconds to its shape's GPU's totals (pipe in multi mode)."""
+    """Add a finished step's seconds, claim to result, to its shape's GPU's totals (pipe in multi mode)."""
     on_gpu = record.kind in GPU_KINDS
-    seconds = now - (record.started_at if on_gpu else record.dispatched_at)
+    seconds = now - (record.started_at or record.dispatched_at)  # one never claimed: from its dispatch
     pipe.hincrbyfloat(keys.depth(uuid), "gpu" if on_gpu else "off", round(max(0.0, seconds), 4))
     pipe.hincrby(keys.depth(uuid), "n", 1)
 

@@ -97,13 +97,19 @@ class AgentHealth:
 
 
 def health(client: redis.Redis) -> list[AgentHealth]:
+    """Every agent that was called (``croqq:agents``), in two round trips: a SCAN for their hashes walks
+    the whole keyspace, step records included, and the live view asks twice a second."""
     now = redis_now(client)
+    names = sorted(_text(n) for n in client.smembers(keys.AGENTS))
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.agent_health(name))
     out = []
-    for key in sorted(_text(k) for k in client.scan_iter(match=keys.agent_health("*"))):
-        raw = _hash(client, key)
+    for name, found in zip(names, pipe.execute(), strict=True):
+        raw = {_text(k): _text(v) for k, v in found.items()}
         out.append(
             AgentHealth(
-                name=key.rsplit(":", 1)[-1],
+                name=name,
                 calls=int(_float(raw, "calls")),
                 failures=int(_float(raw, "failures")),
                 backoff_s=max(0.0, _float(raw, "backoff_until") - now),

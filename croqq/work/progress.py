@@ -6,6 +6,7 @@ Reads only small keys: the per-shape summary hash, counters, the GPU registry an
 from __future__ import annotations
 
 import json
+import os
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ import redis
 from croqq.delivery import clock, keys
 from croqq.delivery.memory import read_memory
 from croqq.delivery.state import ShapeSummary
-from croqq.placement import depth, registry
+from croqq.placement import registry
+from croqq.settings import Settings
 from croqq.work import agents, alarms, hosts, stats
 from croqq.work.agents import AgentHealth, Budget
 from croqq.work.alarms import Alarm
@@ -98,19 +100,25 @@ def snapshot(client: redis.Redis, sids: list[str] | None = None) -> Snapshot:
     chosen = raw if sids is None else {s: raw[s] for s in sids if s in raw}
     shapes = {sid: ShapeSummary.model_validate_json(v) for sid, v in chosen.items()}
     dtypes = tally(shapes.values())
-    gpus = []
-    for g in registry.all_gpus(client):
-        gpus.append(
-            GpuProgress(
-                uuid=g.uuid,
-                status=g.status,
-                current=g.current,
-                active=int(client.scard(keys.active(g.uuid))),
-                busy_s=stats.busy(client, g.uuid).get("busy_s", 0.0),
-                reason=g.reason if g.status != registry.HEALTHY else "",
-                depth=depth.current(client, g.uuid),
-            )
+    entries = registry.all_gpus(client)
+    pipe = client.pipeline(transaction=False)  # a few commands per GPU, one round trip for all
+    for g in entries:
+        pipe.scard(keys.active(g.uuid))
+        pipe.hget(keys.gpu_busy(g.uuid), "busy_s")
+        pipe.hget(keys.depth(g.uuid), "depth")
+    replies = pipe.execute()
+    gpus = [
+        GpuProgress(
+            uuid=g.uuid,
+            status=g.status,
+            current=g.current,
+            active=int(active),
+            busy_s=float(busy or 0.0),
+            reason=g.reason if g.status != registry.HEALTHY else "",
+            depth=int(chosen or 0),
         )
+        for g, active, busy, chosen in zip(entries, replies[::3], replies[1::3], replies[2::3], strict=True)
+    ]
     now = clock.now(client)
     return Snapshot(
         at=now,
@@ -148,3 +156,23 @@ class RateMeter:
         t = snap.total
         remaining = t.iters_total - t.iters_done
         return remaining / self.rate if self.rate > 0 else None
+
+
+CPU_S_PER_ITERATION = 0.2
+"""Whole-cluster CPU seconds per stored iteration of the simulated backend at zero step time, the scripted
+agent and the live view included: the user plus system time of ``croqq up`` and its children over a
+scaled ``make demo``, divided by the iterations it stored (the command is in benchmarks/README.md)."""
+
+
+def expected_s(
+    settings: Settings, iterations: int, gpus: int, candidates: int = 1, cores: int | None = None
+) -> float | None:
+    """Seconds a local cluster should take to store ``iterations`` more, before it has a rate of its own:
+    the larger of the CPU bound (CPU_S_PER_ITERATION on this machine's ``cores``) and the GPU bound (one
+    simulated measurement per candidate, time-scaled, spread over ``gpus``). None where the step times are
+    not known beforehand (a real GPU, an LLM agent): then only the measured rate gives an ETA."""
+    if settings.backend != "sim" or (settings.proposer == "agent" and settings.agents != ["scripted"]):
+        return None
+    cores = cores or len(os.sched_getaffinity(0))
+    gpu_s = settings.time_scale * settings.sim_measure_s * candidates
+    return iterations * max(CPU_S_PER_ITERATION / cores, gpu_s / max(1, gpus))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,35 @@ def test_slow_agents_raise_each_gpus_depth_up_to_its_fair_share(cluster_env: dic
     logs = Path(env["CROQQ_RUN_DIR"]) / "logs"
     text = "".join(p.read_text() for p in logs.glob("*.log"))
     assert "pipeline depth 2 -> " in text
+
+
+def test_a_saturated_agent_pool_finishes_shapes_while_the_farther_ones_wait(
+    cluster_env: dict[str, str],
+) -> None:
+    """One agent slot for two GPUs, so IDEATEs queue behind it: the shapes beyond the GPUs' depths (the
+    admission window) wait in the schedule's order, and shapes finish while the farther ones still wait.
+    (That the queue's wait does not grow the depth is test_pipeline_depth's.)"""
+    env = cluster_env | {
+        "CROQQ_TIME_SCALE": "0.01",
+        "CROQQ_SIM_IDEATE_S": "60",
+        "CROQQ_SIM_IMPLEMENT_S": "20",
+        "CROQQ_SIM_MEASURE_S": "10",
+        "CROQQ_SIM_PROFILE_S": "15",
+        "CROQQ_IDEATE_CONCURRENCY": "1",
+        "CROQQ_BUILD_POOL": "threads",
+        "CROQQ_BUILD_CONCURRENCY": "4",
+    }
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=3, limit=60)
+        order = json.loads(cluster.client.get(keys.submission(sub)) or "[]")  # in the schedule's order
+
+        def first_done() -> list[str] | None:
+            cluster.poll()
+            snap = cluster.snapshot(sub)
+            return [snap.shapes[sid].status for sid in order] if snap.total.done else None
+
+        statuses = wait_until(first_done, 600, "a shape done", every_s=0.5)
+        assert statuses is not None and "pending" in statuses  # some shapes still wait ...
+        waiting = statuses.index("pending")
+        assert set(statuses[waiting:]) == {"pending"}  # ... and they are the last of the schedule

@@ -95,6 +95,8 @@ def test_up_and_status_watch_print_progress_lines_to_a_pipe(tmp_path: Path) -> N
     assert done == sorted(done) and done[-1] == int(lines[-1].group(2)) == 3 * 11, out[-2000:]
     assert int(lines[-1].group(3)) == 3
     assert "\x1b[" not in out, "no terminal: no escape sequences"
+    expected = r"^\d+ iterations to store: expected duration about \dh\d\dm\d\ds "
+    assert re.search(expected, out, re.M), out[:2000]  # said once, when it submitted
     logged = (tmp_path / "run" / "logs" / "progress.log").read_text().splitlines()
     assert [m.group(0) for m in lines] == logged
     stamps = [_stamp(m) for m in _progress(watched.read_text())]

@@ -286,3 +286,24 @@ def test_an_alarm_is_one_series_per_worker_in_the_exporter_and_status_until_its_
     assert [k for k in scrape(url) if k[0] == "croqq_alarm"] == [
         ("croqq_alarm", (("name", "disk_full"), ("source", "writer@node1")))
     ]
+
+
+def test_status_shows_a_long_alarm_message_whole(redis_client: redis.Redis) -> None:
+    """An alarm says what to do: `croqq status` never cuts it, and folds it in a narrow terminal."""
+    from rich.console import Console
+
+    from croqq.cli.view import render
+    from croqq.work import alarms
+    from croqq.work.progress import snapshot
+
+    message = "no space left on device writing " + "/deep" * 40 + " (468 KiB free): free space there; retries every 1s"
+    alarms.raise_alarm(redis_client, "disk_full", message)
+    shown = {}
+    for width in (400, 80):
+        console = Console(width=width, record=True)
+        console.print(render(snapshot(redis_client, []), None))
+        rows = console.export_text().splitlines()
+        start = next(i for i, line in enumerate(rows) if line.lstrip().startswith("disk_full"))
+        shown[width] = [line.split("│")[-1].strip() for line in rows[start:] if "│" in line]
+    assert len(message) > 160 and shown[400][0] == message  # one line where it fits
+    assert len(shown[80]) > 1 and "".join(shown[80]).replace(" ", "") == message.replace(" ", "")  # folded, whole

@@ -82,21 +82,36 @@ def observe(client: redis.Redis, uuid: str, record: StepRecord, now: float) -> N
     pipe.execute()
 
 
-def test_gpu_steps_count_from_their_claim_and_other_steps_from_their_dispatch(
+def test_every_step_counts_from_its_claim_so_no_queue_wait_grows_the_depth(
     redis_client: redis.Redis,
 ) -> None:
     observe(redis_client, "GPU-a", step("measure", dispatched=0.0, started=30.0), now=40.0)
-    observe(redis_client, "GPU-a", step("ideate", dispatched=40.0, started=41.0), now=300.0)
+    observe(redis_client, "GPU-a", step("ideate", dispatched=40.0, started=100.0), now=300.0)
     observe(redis_client, "GPU-a", step("implement", dispatched=300.0, started=300.0), now=320.0)
     first = depth.fold(redis_client, "GPU-a")
     assert first.steps == 3
-    # 10 s on the GPU (the 30 s it waited in the GPU queue is not counted), 260 + 20 s off it
-    assert abs(first.gpu_s - 10.0) < 0.25 and abs(first.off_s / first.gpu_s - 28.0) < 1e-9
+    # 10 s on the GPU (the 30 s it waited in the GPU queue is not counted), 200 + 20 s off it (nor the
+    # 60 s the IDEATE waited for an agent)
+    assert abs(first.gpu_s - 10.0) < 0.25 and abs(first.off_s / first.gpu_s - 22.0) < 1e-9
     observe(redis_client, "GPU-a", step("measure", dispatched=320.0, started=320.0), now=330.0)
     obs = depth.fold(redis_client, "GPU-a")
     keep = 1.0 - 1.0 / depth.MIN_WINDOW  # no depth chosen yet: the smallest window
     assert abs(obs.gpu_s - (first.gpu_s * keep + 10.0)) < 1e-6 and abs(obs.off_s - first.off_s * keep) < 1e-6
     assert depth.fold(redis_client, "GPU-a") == obs  # folding twice counts nothing twice
+
+
+def test_a_saturated_off_gpu_pool_admits_no_more_shapes_than_its_work_needs(
+    redis_client: redis.Redis,
+) -> None:
+    """The CPU-bound demo: IDEATEs wait long for a busy pool; the shapes beyond the window keep waiting."""
+    entry = register(redis_client, "GPU-a")
+    redis_client.zadd(keys.pending(GPU_TYPE), {f"p{i}": i for i in range(200)})
+    t = 0.0
+    for _ in range(40):
+        observe(redis_client, "GPU-a", step("measure", t, t), now=t + 1.0)
+        observe(redis_client, "GPU-a", step("ideate", t + 1.0, t + 51.0), now=t + 55.0)
+        t += 55.0
+    assert depth.choose(redis_client, ADAPTIVE, entry) == 6  # ceil(1.2 x (1 + 4 / 1)), not 200
 
 
 def test_old_observations_fade_so_the_depth_follows_a_change(redis_client: redis.Redis) -> None:
