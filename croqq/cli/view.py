@@ -60,7 +60,7 @@ def _problems(snap: Snapshot, limit: int = 10) -> list[Table]:
         table = Table(title="ALARMS (croqq waits for these to pass; each says what to do)", show_edge=False)
         for col in ("alarm", "where", "since"):
             table.add_column(col, no_wrap=True)
-        table.add_column("what", overflow="fold")  # whole: the message says what to do (its producer keeps it short)
+        table.add_column("what", overflow="fold")  # whole: it says what to do
         for a in snap.alarms:
             table.add_row(a.name, a.source, time.strftime("%H:%M:%S", time.localtime(a.at)), a.message)
         out.append(table)

@@ -296,7 +296,8 @@ def test_status_shows_a_long_alarm_message_whole(redis_client: redis.Redis) -> N
     from croqq.work import alarms
     from croqq.work.progress import snapshot
 
-    message = "no space left on device writing " + "/deep" * 40 + " (468 KiB free): free space there; retries every 1s"
+    where = "/deep" * 40
+    message = f"no space left on device writing {where} (468 KiB free): free space there; retries every 1s"
     alarms.raise_alarm(redis_client, "disk_full", message)
     shown = {}
     for width in (400, 80):
@@ -306,4 +307,5 @@ def test_status_shows_a_long_alarm_message_whole(redis_client: redis.Redis) -> N
         start = next(i for i, line in enumerate(rows) if line.lstrip().startswith("disk_full"))
         shown[width] = [line.split("│")[-1].strip() for line in rows[start:] if "│" in line]
     assert len(message) > 160 and shown[400][0] == message  # one line where it fits
-    assert len(shown[80]) > 1 and "".join(shown[80]).replace(" ", "") == message.replace(" ", "")  # folded, whole
+    folded = "".join(shown[80]).replace(" ", "")
+    assert len(shown[80]) > 1 and folded == message.replace(" ", "")  # folded, whole
