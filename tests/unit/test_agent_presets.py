@@ -129,8 +129,8 @@ def test_model_with_spaces_and_placeholder_text_is_one_literal_element() -> None
 def test_scripted_runs_the_script_next_to_the_module_isolated() -> None:
     args = command("scripted", "sonnet")
     script = Path(presets.__file__).resolve().parent / "scripted.py"
-    assert args == [sys.executable, "-I", str(script)]
-    assert Path(args[2]).is_absolute()
+    assert args == [sys.executable, "-I", "-S", str(script)]
+    assert Path(args[-1]).is_absolute()
 
 
 def test_the_table_holds_the_six_clis_and_scripted() -> None:

@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,7 +37,7 @@ from typing import IO
 from croqq.proposers.agent import contract as c
 from croqq.proposers.agent.confine import PROC_RO as PROC_READ_ONLY
 from croqq.proposers.agent.limits import Cgroup, Limits, enforcement, launcher_args, limit_hit
-from croqq.proposers.agent.presets import AgentRun, Network, Preset
+from croqq.proposers.agent.presets import STDLIB_PYTHON, AgentRun, Network, Preset
 from croqq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -76,8 +75,8 @@ def unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
     with tempfile.TemporaryDirectory(prefix="croqq-jail-probe-") as ws:
-        view = [sys.executable, "-I", str(CONFINE), f"--view={ws}"]
-        return _probe([*_unshare(), "--", *view, "--", sys.executable, "-I", "-c", ""])
+        view = [*STDLIB_PYTHON, str(CONFINE), f"--view={ws}"]
+        return _probe([*_unshare(), "--", *view, "--", *STDLIB_PYTHON, "-c", ""])
 
 
 def _unshare(net: bool = False) -> list[str]:
@@ -162,7 +161,7 @@ def bwrap_prefix(workspace: Path, net: bool = False) -> list[str]:
 
 def command(argv: Sequence[str], workspace: Path, mode: str, net: bool, confine: list[str]) -> list[str]:
     """The whole command line: the launcher with its limits (``confine``), the jail, the agent."""
-    launcher = [sys.executable, "-I", str(CONFINE), *confine]
+    launcher = [*STDLIB_PYTHON, str(CONFINE), *confine]
     if mode == "bwrap":
         return [*launcher, "--", *bwrap_prefix(workspace, net), *argv]
     if mode == "unshare":

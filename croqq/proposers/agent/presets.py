@@ -42,6 +42,10 @@ from croqq.settings import Settings
 LINE_MAX = 300  # error and summary lines
 Network = Literal["none", "host"]
 SCRIPTED = Path(__file__).resolve().parent / "scripted.py"
+STDLIB_PYTHON = (sys.executable, "-I", "-S")
+"""How croqq starts its standard-library-only scripts (the launcher, the scripted agent): isolated and
+without ``site``, whose imports (an editable install's path finder pulls in pathlib and urllib) cost about
+three times the rest of an interpreter's start, twice per agent call."""
 
 _PLACEHOLDER = re.compile(r"\{(prompt|workspace|model|prompt_file)\}")
 _GROUP = re.compile(r"^\[(.+)\]$", re.DOTALL)
@@ -372,7 +376,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
             ),
             _preset(
                 "scripted",
-                shlex.join([sys.executable, "-I", str(SCRIPTED)]),
+                shlex.join([*STDLIB_PYTHON, str(SCRIPTED)]),
                 env="",
                 output="text",
                 network="none",
