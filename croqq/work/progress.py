@@ -158,7 +158,7 @@ class RateMeter:
         return remaining / self.rate if self.rate > 0 else None
 
 
-CPU_S_PER_ITERATION = 0.2
+CPU_S_PER_ITERATION = 0.13
 """Whole-cluster CPU seconds per stored iteration of the simulated backend at zero step time, the scripted
 agent and the live view included: the user plus system time of ``croqq up`` and its children over a
 scaled ``make demo``, divided by the iterations it stored (the command is in benchmarks/README.md)."""
