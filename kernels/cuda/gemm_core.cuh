@@ -74,6 +74,7 @@ constexpr int kMetaPerTile = kSparse ? (TILE_K / 32) * 16 : 0;  // metadata word
 constexpr int kMetaWords = (TILE_M / 16) * kMetaPerTile;
 constexpr int kStageBytes = TILE_M * kARow + TILE_N * kBRow + kMetaWords * 4;
 constexpr int kPipeBytes = STAGES * kStageBytes;
+constexpr bool kSplitWorkspace = SPLIT_K > 1;  // the harness allocates the fp32 workspace
 constexpr bool kStagedEpilogue = EPI_VEC > 2 && SPLIT_K == 1;
 constexpr int kEpiStride = TILE_N + 8;  // halves; the pad keeps rows 16-byte aligned and spreads banks
 constexpr int kEpiBytes = kStagedEpilogue ? TILE_M * kEpiStride * 2 : 0;
@@ -198,10 +199,11 @@ __device__ __forceinline__ void load_stage(uint8_t* stage, const Operands& op, i
     constexpr int kChunksPerBlock = kSparse ? kMetaPerTile / 4 : 1;  // 4 words per 16-byte chunk
     for (int i = tid; i < (TILE_M / 16) * kChunksPerBlock; i += kThreads) {
       const int mb = i / kChunksPerBlock, c = i % kChunksPerBlock;
-      const int gmb = m0 / 16 + mb;
-      const bool ok = gmb < M / 16;
-      const uint32_t* src = op.meta + (static_cast<size_t>(ok ? gmb : 0) * (K / 32) + kt * (TILE_K / 32)) * 16 + c * 4;
-      cp_async16(sm + mb * kMetaPerTile + c * 4, src, ok);
+      // an m16 block past M reads the last block's metadata: its A rows are zero and its output is
+      // discarded, but zero metadata is undefined behaviour for mma.sp (PTX ISA, sparse metadata)
+      const int gmb = m0 / 16 + mb < M / 16 ? m0 / 16 + mb : M / 16 - 1;
+      const uint32_t* src = op.meta + (static_cast<size_t>(gmb) * (K / 32) + kt * (TILE_K / 32)) * 16 + c * 4;
+      cp_async16(sm + mb * kMetaPerTile + c * 4, src, true);
     }
   }
 }

@@ -8,8 +8,9 @@
 //    (cuBLASLt when libcublasLt.so can be loaded, else a simple tiled kernel):
 //    |c - ref| <= atol + rtol * |ref| everywhere, NaN included. Any failure: status "wrong_answer".
 // 2. timing: input sets rotated over at least 2x the GPU's L2 so no run starts with warm inputs;
-//    --warmup runs, then --repeats runs each timed with its own pair of CUDA events (the output poisoned
-//    before each, outside the timed window); median, min and max.
+//    --warmup runs (and at least 200 ms of them), a 5 ms spin that lets the host queue every timed run,
+//    then --repeats runs each timed with its own pair of CUDA events (the output poisoned before each,
+//    outside the timed window); median, min and max.
 // 3. TFLOPS = 2*M*N*K / median (dense-equivalent for 2:4 sparse). Above --peak-tflops: status "invalid".
 //
 // --cublas times cuBLASLt on the same shape instead of the candidate (dense f16 for the sparse family).
@@ -19,6 +20,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +50,9 @@ inline std::string json_escape(const std::string& s) {
   return out;
 }
 
+// JSON has no inf or nan: a non-finite error (an unwritten, still poisoned element) prints as 1e308.
+inline double finite(double x) { return std::isfinite(x) ? x : 1e308; }
+
 inline void print(const Result& r) {
   std::printf(
       "{\"kernel\":\"%s\",\"dtype\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"status\":\"%s\",\"verified\":%s,"
@@ -55,7 +60,7 @@ inline void print(const Result& r) {
       "\"max_ms\":%.6f,\"repeats\":%d,\"seeds\":%d,\"input_sets\":%d,\"tflops\":%.3f,\"gpu\":\"%s\","
       "\"detail\":\"%s\"}\n",
       r.cublas ? "cublas" : "candidate", kDtype, M, N, K, r.status.c_str(), r.verified ? "true" : "false",
-      r.reference.c_str(), r.max_abs_err, r.max_rel_err, r.median_ms, r.min_ms, r.max_ms, r.repeats, r.seeds,
+      r.reference.c_str(), finite(r.max_abs_err), finite(r.max_rel_err), r.median_ms, r.min_ms, r.max_ms, r.repeats, r.seeds,
       r.input_sets, r.tflops, json_escape(r.gpu).c_str(), json_escape(r.detail).c_str());
   std::fflush(stdout);
 }
@@ -256,13 +261,18 @@ class Lt {
       why = "not needed (--no-verify)";
       return;
     }
-    for (const char* name : {"libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12",
-                             "/usr/local/cuda/lib64/libcublasLt.so"}) {
+    // CROQQ_CUBLASLT (a path) first: on hosts where cuBLAS comes only with a Python wheel
+    // (site-packages/nvidia/cu13/lib), which is not on the loader's path
+    const char* chosen = std::getenv("CROQQ_CUBLASLT");
+    for (const char* name : {chosen, "libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12",
+                             "/usr/local/cuda/lib64/libcublasLt.so", "/usr/local/cuda/lib64/libcublasLt.so.13",
+                             "/usr/local/cuda/lib64/libcublasLt.so.12"}) {
+      if (name == nullptr || *name == '\0') continue;
       lib_ = dlopen(name, RTLD_NOW | RTLD_LOCAL);
       if (lib_ != nullptr) break;
     }
     if (lib_ == nullptr) {
-      why = "libcublasLt.so not found";
+      why = "libcublasLt.so not found (set CROQQ_CUBLASLT to its path, or add its folder to LD_LIBRARY_PATH)";
       return;
     }
     create_ = reinterpret_cast<CreateFn>(dlsym(lib_, "cublasLtCreate"));
@@ -370,6 +380,26 @@ __global__ void croqq_compare(const __half* c, const __half* ref, float atol, fl
   }
 }
 
+// ---- timing --------------------------------------------------------------------------------------
+
+using Clock = std::chrono::steady_clock;
+constexpr double kWarmupMs = 200;                  // GPU time of warm-up at least
+constexpr int kMaxWarmupRuns = 100000;
+constexpr unsigned long long kSpinNs = 5000000;  // 5 ms head start for the host's launch queue
+
+inline double elapsed_ms(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+__global__ void croqq_spin(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
 // ---- main ----------------------------------------------------------------------------------------
 
 struct Args {
@@ -437,7 +467,7 @@ inline int main_impl(int argc, char** argv) {
   __half* c = nullptr;
   float* workspace = nullptr;
   CROQQ_CHECK(res, cudaMalloc(&c, sizeof(__half) * M * N));
-  if (SPLIT_K > 1) CROQQ_CHECK(res, cudaMalloc(&workspace, sizeof(float) * M * N));
+  if (kSplitWorkspace) CROQQ_CHECK(res, cudaMalloc(&workspace, sizeof(float) * M * N));
   cudaStream_t stream;
   CROQQ_CHECK(res, cudaStreamCreate(&stream));
 
@@ -500,16 +530,26 @@ inline int main_impl(int argc, char** argv) {
   }
 
   for (size_t s = 0; s < sets; ++s) fill_inputs(res, inputs[s], 2000u + static_cast<uint32_t>(s), nullptr, args.cublas);
-  for (int i = 0; i < args.warmup; ++i) CROQQ_CHECK(res, run_once(inputs[i % sets]));
+  // warm-up: at least --warmup runs and at least kWarmupMs of GPU time, so that the clocks have left
+  // idle (an H200 idles at 345 MHz) before the first timed run, whatever the kernel's length
+  int warm = 0;
+  for (auto t0 = Clock::now(); warm < args.warmup || elapsed_ms(t0) < kWarmupMs; ++warm) {
+    CROQQ_CHECK(res, run_once(inputs[warm % sets]));
+    if (warm % 8 == 7) CROQQ_CHECK(res, cudaStreamSynchronize(stream));
+    if (warm >= kMaxWarmupRuns) break;
+  }
   std::vector<cudaEvent_t> starts(args.repeats), stops(args.repeats);
   for (int i = 0; i < args.repeats; ++i) {
     CROQQ_CHECK(res, cudaEventCreate(&starts[i]));
     CROQQ_CHECK(res, cudaEventCreate(&stops[i]));
   }
+  // the GPU spins while the host queues every timed run, so that no timed interval holds a launch gap
+  croqq_spin<<<1, 1, 0, stream>>>(kSpinNs);
+  CROQQ_CHECK(res, cudaGetLastError());
   for (int i = 0; i < args.repeats; ++i) {
     poison();
     CROQQ_CHECK(res, cudaEventRecord(starts[i], stream));
-    CROQQ_CHECK(res, run_once(inputs[(args.warmup + i) % sets]));
+    CROQQ_CHECK(res, run_once(inputs[(warm + i) % sets]));
     CROQQ_CHECK(res, cudaEventRecord(stops[i], stream));
   }
   CROQQ_CHECK(res, cudaStreamSynchronize(stream));
