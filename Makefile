@@ -37,7 +37,7 @@ lint: $(STAMP)  ## ruff (lint + format check) and mypy
 bench: $(STAMP)  ## every benchmark -> bench/results.json, plus one line in benchmarks/history.jsonl
 	$(BIN)/python -m benchmarks --out bench/results.json
 
-kernels: $(STAMP)  ## compile every kernel of kernels/manifest.json (reference knobs, sm_90a) into build/kernels
+kernels: $(STAMP)  ## compile every kernel of every family in kernels/manifest.json (reference knobs, sm_90a) into build/kernels
 	$(BIN)/croqq kernels --out build/kernels
 
 gpu-check: $(STAMP)  ## on an NVIDIA GPU host, `croqq gpu-check`: build, verify, time vs cuBLAS, a real tuning loop

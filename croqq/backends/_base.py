@@ -85,6 +85,9 @@ class Backend(ABC):
         self.settings = settings
         self.artifacts = artifacts or ArtifactStore(settings)
 
+    def check_dsl(self, dsl: str) -> None:  # noqa: B027 (a hook: most backends tune every family)
+        """Refuse (ConfigError, one line) a kernel family this backend cannot tune; every one by default."""
+
     @abstractmethod
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
         """Materialize and compile; a compile error is an outcome with ``ok=False``, not an exception."""

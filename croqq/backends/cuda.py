@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from croqq.backends._base import Backend, GpuContext, KernelRef
-from croqq.backends.toolchain import knob_candidate
-from croqq.domain.knobs import Candidate, seed_knobs
+from croqq.backends.toolchain import knob_candidate, package_includes
+from croqq.domain.knobs import Candidate, render_source, seed_knobs
 from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
 from croqq.errors import HostError, InvalidRecordError
@@ -86,7 +86,10 @@ def run_process(
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        try:  # a grandchild that left the group may still hold the pipes: do not wait for it
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
         return Run(None, out, err)
 
 
@@ -182,6 +185,7 @@ class CudaBackend(Backend):
             spec.compiler,
             *candidate.flags,
             f"-I{source.parent.resolve()}",
+            *package_includes(spec, candidate.dsl),
             "-o",
             str(binary),
             str(source),
@@ -192,6 +196,12 @@ class CudaBackend(Backend):
         return self.build_dir / f"{key}-{content_hash[:12]}"
 
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
+        spec = self.manifest.dsl(candidate.dsl)
+        broken = spec.broken_rule(
+            candidate.knobs, (shape.m, shape.n, shape.k), self.manifest.dtypes[shape.dtype]
+        )
+        if broken and candidate.source == render_source(self.manifest, candidate.dsl, shape, candidate.knobs):
+            return BuildOutcome(ok=False, reason=f"knob rule: {broken}", log="(not compiled)")
         folder = self._folder(shape.key, candidate.content_hash)
         binary = folder / "gemm"
         if binary.exists():
@@ -344,20 +354,17 @@ class CudaBackend(Backend):
 
 
 def build_references(
-    backend: CudaBackend, dims: tuple[int, int, int], seed: str = "reference"
-) -> dict[str, BuildOutcome]:
-    """Compile every dtype's kernel of the manifest's cuda dsl for one shape with its ``seed`` knobs
-    ('reference' or 'naive'), in parallel: dtype -> outcome (`make kernels`, `make gpu-check`)."""
+    backend: CudaBackend, dims: tuple[int, int, int], seed: str = "reference", dsls: Sequence[str] = ("cuda",)
+) -> dict[tuple[str, str], BuildOutcome]:
+    """Compile every dtype's kernel of each dsl for one shape with its ``seed`` knobs ('reference' or
+    'naive'), in parallel: (dsl, dtype) -> outcome (`make kernels`, `make gpu-check`)."""
     manifest = backend.manifest
     jobs = {}
-    for dtype in manifest.dsl("cuda").kernels:
-        shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
-        jobs[dtype] = (
-            shape,
-            knob_candidate(
-                manifest, backend.settings, "cuda", shape, seed_knobs(manifest, "cuda", dtype, seed)
-            ),
-        )
+    for dsl in dsls:
+        for dtype in manifest.dsl(dsl).kernels:
+            shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
+            knobs = seed_knobs(manifest, dsl, dtype, seed)
+            jobs[dsl, dtype] = (shape, knob_candidate(manifest, backend.settings, dsl, shape, knobs))
     with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-        futures = {dtype: pool.submit(backend.build, *job) for dtype, job in jobs.items()}
-    return {dtype: future.result() for dtype, future in futures.items()}
+        futures = {key: pool.submit(backend.build, *job) for key, job in jobs.items()}
+    return {key: future.result() for key, future in futures.items()}

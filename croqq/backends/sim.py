@@ -194,11 +194,15 @@ class SimBackend(Backend):
             self._models[key] = built
         return built
 
+    def check_dsl(self, dsl: str) -> None:
+        self._knob_space(dsl)
+
     def _knob_space(self, dsl: str) -> dict[str, list[int]]:
         space = self.manifest.dsl(dsl).knobs
         if set(space) != set(model.KNOBS):
             raise ConfigError(
-                f"the sim backend models the GEMM knobs {list(model.KNOBS)}; dsl {dsl!r} has {sorted(space)}"
+                f"the sim backend models the cuda family's knobs {list(model.KNOBS)}; dsl {dsl!r} has "
+                f"{sorted(space)}: tune it with CROQQ_BACKEND=cuda on GPU hosts"
             )
         return space
 

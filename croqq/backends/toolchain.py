@@ -2,18 +2,24 @@
 
 The compiler version is part of every candidate's content hash (a new nvcc never reuses a stale build
 or counts as "already tried"). It is read once per process from ``<compiler> --version``; the simulated
-backend, unless it really compiles (``CROQQ_SIM_COMPILE=nvcc``), names itself ``sim``.
+backend, unless it really compiles (``CROQQ_SIM_COMPILE=nvcc``), names itself ``sim``. A family whose
+headers come from an installed package (``build.packages``: CUTLASS's from ``nvidia-cutlass``) adds the
+package and its pinned version to that identity, and its include folders to the compile command; a build
+host without that exact version refuses with one line (a :class:`HostError`: the step goes to another host).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import shutil
 import subprocess
+from pathlib import Path
 
 from croqq.domain.knobs import Candidate, make_candidate, resolve_candidate
-from croqq.domain.manifest import Manifest
+from croqq.domain.manifest import BuildSpec, Manifest
 from croqq.domain.shapes import Shape
+from croqq.errors import HostError
 from croqq.settings import Settings
 
 SIM_TOOLCHAIN = "sim"
@@ -43,7 +49,34 @@ def really_compiles(settings: Settings) -> bool:
 def toolchain_id(settings: Settings, manifest: Manifest, dsl: str) -> str:
     if not really_compiles(settings):
         return SIM_TOOLCHAIN
-    return compiler_version(manifest.dsl(dsl).build.compiler)
+    build = manifest.dsl(dsl).build
+    packages = [f"{name} {pkg.version}" for name, pkg in sorted(build.packages.items())]
+    return " + ".join([compiler_version(build.compiler), *packages])
+
+
+def package_includes(build: BuildSpec, dsl: str) -> list[str]:
+    """``-I`` flags for the include folders of the dsl's packages, each at the version the manifest pins."""
+    flags = []
+    for name, pkg in sorted(build.packages.items()):
+        fix = f"pip install '{name}=={pkg.version}'"
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            raise HostError(
+                f"dsl {dsl!r} needs {name} {pkg.version}, not installed on this build host: {fix}"
+            ) from None
+        if dist.version != pkg.version:
+            raise HostError(
+                f"dsl {dsl!r} needs {name} {pkg.version}, this build host has {dist.version}: {fix}"
+            )
+        for folder in pkg.include:
+            path = Path(str(dist.locate_file(folder)))
+            if not path.is_dir():
+                raise HostError(
+                    f"{name} {dist.version} on this build host lacks {folder}: reinstall it ({fix})"
+                )
+            flags.append(f"-I{path}")
+    return flags
 
 
 def knob_candidate(

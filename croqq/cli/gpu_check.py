@@ -1,9 +1,10 @@
 """`croqq gpu-check`: the real GPU path end to end on this host, one command (`make gpu-check`).
 
-It builds the reference kernel of every dtype for three shapes, verifies each and times it against cuBLAS
-on the same shape, measures one kernel repeatedly for the spread between measurements, and runs a short
-tuning loop through a real local cluster (Redis, one GPU worker, the writer). It prints tables and writes
-a JSON report. Simulated GPUs cannot show any of this, so without an NVIDIA GPU it refuses in one line.
+It builds the reference kernel of every dtype of every family (dsl) for three shapes, verifies each and
+times it against cuBLAS on the same shape, measures one kernel repeatedly for the spread between
+measurements, and runs a short tuning loop through a real local cluster (Redis, one GPU worker, the
+writer). It prints tables and writes a JSON report. Simulated GPUs cannot show any of this, so without an
+NVIDIA GPU it refuses in one line.
 """
 
 from __future__ import annotations
@@ -47,28 +48,34 @@ def _gpu(manifest: Manifest, console: Console) -> GpuContext:
     return GpuContext(uuid=info.uuid, index=info.index, gpu_type=gpu_type, probe=probe)
 
 
-def _build_all(backend: CudaBackend) -> dict[tuple[str, tuple[int, int, int]], str]:
+Built = dict[tuple[str, str, tuple[int, int, int]], str]  # (dsl, dtype, shape) -> artifact
+
+
+def _build_all(backend: CudaBackend) -> Built:
     from croqq.backends.cuda import build_references
 
     out = {}
     for dims in SHAPES:
-        for dtype, outcome in build_references(backend, dims).items():
+        for (dsl, dtype), outcome in build_references(
+            backend, dims, dsls=tuple(backend.manifest.dsls)
+        ).items():
             if not outcome.ok:
-                raise CroqqError(f"the {dtype} reference kernel for {dims} does not build: {outcome.reason}")
-            out[(dtype, dims)] = outcome.artifact
+                raise CroqqError(
+                    f"the {dsl} {dtype} reference kernel for {dims} does not build: {outcome.reason}"
+                )
+            out[(dsl, dtype, dims)] = outcome.artifact
     return out
 
 
-def _versus_cublas(
-    backend: CudaBackend, gpu: GpuContext, artifacts: dict[tuple[str, tuple[int, int, int]], str]
-) -> list[dict[str, object]]:
+def _versus_cublas(backend: CudaBackend, gpu: GpuContext, artifacts: Built) -> list[dict[str, object]]:
     rows = []
-    for (dtype, dims), artifact in artifacts.items():
+    for (dsl, dtype, dims), artifact in artifacts.items():
         shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])
         (ours,) = backend.measure(gpu, shape, [artifact])
         vendor = backend.vendor_tflops(gpu, shape)
         rows.append(
             {
+                "dsl": dsl,
                 "dtype": dtype,
                 "shape": "x".join(map(str, dims)),
                 "outcome": ours.outcome,
@@ -122,10 +129,11 @@ def _print(
     console: Console, rows: list[dict[str, object]], spread: dict[str, float], loop: list[str]
 ) -> None:
     table = Table(title="reference kernels vs cuBLAS")
-    for col in ("dtype", "shape", "outcome", "TFLOPS", "cuBLAS", "ratio", "% of peak"):
+    for col in ("dsl", "dtype", "shape", "outcome", "TFLOPS", "cuBLAS", "ratio", "% of peak"):
         table.add_column(col)
     for r in rows:
         table.add_row(
+            str(r["dsl"]),
             str(r["dtype"]),
             str(r["shape"]),
             str(r["outcome"]),
@@ -148,10 +156,10 @@ def _print(
 def gpu_check(
     out: Path = typer.Option(Path("bench/gpu_check.json"), "--out", help="Where the JSON report goes."),
 ) -> None:
-    """Check the real GPU path on this host, end to end: build every dtype's reference kernel for three
-    shapes (nvcc), verify each and time it against cuBLAS, measure the spread of repeated measurements of
-    one kernel, then run a 3-iteration tuning loop through a local cluster. Takes minutes; needs an
-    NVIDIA GPU with its driver and the CUDA compiler (without a GPU it exits 2 at once)."""
+    """Check the real GPU path on this host, end to end: build every family's reference kernel of each
+    dtype for three shapes (nvcc), verify each and time it against cuBLAS, measure the spread of repeated
+    measurements of one kernel, then run a 3-iteration tuning loop through a local cluster. Takes minutes;
+    needs an NVIDIA GPU with its driver and the CUDA compiler (without a GPU it exits 2 at once)."""
     from croqq.backends.cuda import CudaBackend
     from croqq.probes.nvml import nvml_available
 
@@ -171,12 +179,12 @@ def gpu_check(
     artifacts = _build_all(backend)
     console.print(f"built {len(artifacts)} kernels in {time.monotonic() - started:.0f}s")
     rows = _versus_cublas(backend, gpu, artifacts)
-    spread = _spread(backend, gpu, artifacts[("f16", (8192, 8192, 8192))])
+    spread = _spread(backend, gpu, artifacts[("cuda", "f16", (8192, 8192, 8192))])
     loop = _tuning_loop(work, build_dir)
     _print(console, rows, spread, loop)
-    headline = next(
-        (r["ratio"] for r in rows if r["dtype"] == "f16" and r["shape"] == "8192x8192x8192"), None
-    )
+    headline = {
+        str(r["dsl"]): r["ratio"] for r in rows if r["dtype"] == "f16" and r["shape"] == "8192x8192x8192"
+    }
     report = {
         "gpu": gpu.gpu_type,
         "seconds": round(time.monotonic() - started, 1),
@@ -187,4 +195,5 @@ def gpu_check(
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"f16 8192^3 / cuBLAS = {headline}; report in {out} ({report['seconds']} s)")
+    ratios = ", ".join(f"{dsl} {ratio}" for dsl, ratio in headline.items())
+    console.print(f"f16 8192^3 / cuBLAS: {ratios}; report in {out} ({report['seconds']} s)")

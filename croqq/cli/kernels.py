@@ -22,8 +22,11 @@ def kernels(
         "", "--shape", help="Shape as MxNxK, e.g. 8192x8192x8192 (default: the manifest's reference shape)."
     ),
     seed: str = typer.Option("reference", "--knobs", help="Knob set: reference or naive."),
+    dsl: str = typer.Option(
+        "", "--dsl", help="Only this kernel family (default: every dsl of the manifest)."
+    ),
 ) -> None:
-    """Compile the cuda kernel of every dtype in kernels/manifest.json with nvcc for the manifest's arch."""
+    """Compile the kernel of every dtype of every family (dsl) in kernels/manifest.json for its arch."""
     from croqq.backends.cuda import CudaBackend, build_references
     from croqq.domain.manifest import load_manifest
     from croqq.domain.shapes import parse_dims
@@ -34,13 +37,17 @@ def kernels(
     manifest = load_manifest(settings.manifest)
     dims = manifest.reference_shape if not key else parse_dims(key)
     backend = CudaBackend(manifest, settings.model_copy(update={"build_dir": out.resolve()}))
-    outcomes = build_references(backend, dims, seed)
-    table = Table(title=f"{seed} kernels for {'x'.join(map(str, dims))} ({manifest.dsl('cuda').build.arch})")
-    for col in ("dtype", "built", "binary or first error"):
+    if dsl:
+        manifest.dsl(dsl)  # an unknown one: a ConfigError naming the manifest's
+    dsls = [dsl] if dsl else list(manifest.dsls)
+    outcomes = build_references(backend, dims, seed, dsls)
+    table = Table(title=f"{seed} kernels for {'x'.join(map(str, dims))}")
+    for col in ("dsl", "dtype", "arch", "built", "binary or first error"):
         table.add_column(col, overflow="fold")
-    for dtype, outcome in outcomes.items():
+    for (family, dtype), outcome in outcomes.items():
         where = backend.artifact_binary(outcome.artifact) if outcome.ok else outcome.reason
-        table.add_row(dtype, "yes" if outcome.ok else "[red]no[/]", where)
+        arch = manifest.dsl(family).build.arch
+        table.add_row(family, dtype, arch, "yes" if outcome.ok else "[red]no[/]", where)
     Console().print(table)
     if not all(o.ok for o in outcomes.values()):
         raise typer.Exit(1)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from croqq.backends import backend_manifest
+from croqq.backends import backend_manifest, make_backend
 from croqq.cli import app
 from croqq.cli.common import CANDIDATES_HELP, candidates_or_default, load_settings
 from croqq.domain.manifest import Manifest
@@ -93,6 +93,7 @@ def submit(
     missing = [d for d in expand_dtypes(manifest, dtype) if d not in spec.kernels]
     if missing:
         raise ConfigError(f"dsl {dsl!r} has no kernel for dtype(s) {', '.join(missing)} in the manifest")
+    make_backend(settings, manifest).check_dsl(dsl)  # e.g. the simulated GPU models the cuda family only
     if dry_run:
         _dry_run(schedule, as_json)
         return

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from croqq.domain import rules
 from croqq.errors import ConfigError
 
 Dim = int | str  # a literal size or the name of one of the scenario's variables
@@ -71,6 +72,14 @@ class KernelSpec(_Strict):
     naive: dict[str, int]
 
 
+class PackageSpec(_Strict):
+    """Headers that come from an installed Python package (CUTLASS's from ``nvidia-cutlass``): toolchain
+    headers like CUDA's own, never copied into a candidate; the version is part of its content hash."""
+
+    version: str = Field(description="The exact version the family needs (pin it in pyproject.toml too).")
+    include: list[str] = Field(description="Include folders, relative to the installed package's root.")
+
+
 class BuildSpec(_Strict):
     compiler: str
     arch: str
@@ -78,6 +87,14 @@ class BuildSpec(_Strict):
     dtype_flags: dict[str, list[str]]
     include_dirs: list[str]
     libs: list[str]
+    packages: dict[str, PackageSpec] = Field(default_factory=dict)
+
+
+class Rule(_Strict):
+    """A knob combination the hardware cannot run: ``require`` must hold (see croqq.domain.rules)."""
+
+    require: str
+    why: str
 
 
 class DslSpec(_Strict):
@@ -85,6 +102,24 @@ class DslSpec(_Strict):
     knobs: dict[str, list[int]]
     kernels: dict[str, KernelSpec]
     build: BuildSpec
+    rules: list[Rule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _rules_readable(self) -> DslSpec:
+        known = set(self.knobs) | set(rules.SHAPE_NAMES)
+        for rule in self.rules:
+            unknown = sorted(rules.names(rule.require) - known)  # ValueError for what is not allowed
+            if unknown:
+                raise ValueError(
+                    f"rule {rule.require!r} reads {unknown}: use knobs or {list(rules.SHAPE_NAMES)}"
+                )
+        return self
+
+    def broken_rule(self, knobs: dict[str, int], shape: tuple[int, int, int], dtype: DtypeSpec) -> str | None:
+        """Why these knobs cannot run on this shape (the first rule they break), None when they can."""
+        m, n, k = shape
+        env = {**knobs, "M": m, "N": n, "K": k, "A_BYTES": dtype.a_bytes, "C_BYTES": dtype.c_bytes}
+        return rules.first_broken(((r.require, r.why) for r in self.rules), env)
 
     @model_validator(mode="after")
     def _seeds_in_space(self) -> DslSpec:
@@ -126,6 +161,11 @@ class Manifest(_Strict):
             unknown = sorted(set(spec.kernels) - set(self.dtypes))
             if unknown:
                 raise ValueError(f"dsl {dsl!r} has kernels for unknown dtype(s) {unknown}")
+            for dtype, kernel in spec.kernels.items():
+                for seed in ("reference", "naive"):
+                    why = spec.broken_rule(getattr(kernel, seed), self.reference_shape, self.dtypes[dtype])
+                    if why:
+                        raise ValueError(f"dsl {dsl!r}: the {dtype} {seed} knobs break a rule: {why}")
         for gpu, gspec in self.gpus.items():
             absent = sorted(set(self.dtypes) - set(gspec.peak_tflops))
             if absent:

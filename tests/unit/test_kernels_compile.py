@@ -43,9 +43,9 @@ def built(manifest: Manifest, tmp_path_factory: pytest.TempPathFactory) -> tuple
         manifest, Settings(build_dir=tmp_path_factory.mktemp("build"), compile_timeout_s=COMPILE_TIMEOUT_S)
     )
     outcomes = build_references(backend, manifest.reference_shape)
-    failed = {dtype: o.reason for dtype, o in outcomes.items() if not o.ok}
+    failed = {dtype: o.reason for (_, dtype), o in outcomes.items() if not o.ok}
     assert not failed, failed
-    return backend, {dtype: o.artifact for dtype, o in outcomes.items()}
+    return backend, {dtype: o.artifact for (_, dtype), o in outcomes.items()}
 
 
 def test_every_manifest_kernel_compiles_for_sm90a_with_its_reference_knobs(
@@ -60,7 +60,18 @@ def test_every_manifest_kernel_compiles_for_sm90a_with_its_reference_knobs(
 def test_every_manifest_kernel_compiles_with_its_naive_knobs(manifest: Manifest, tmp_path: Path) -> None:
     backend = CudaBackend(manifest, Settings(build_dir=tmp_path, compile_timeout_s=COMPILE_TIMEOUT_S))
     outcomes = build_references(backend, (512, 1024, 512), seed="naive")
-    assert {dtype: o.reason for dtype, o in outcomes.items() if not o.ok} == {}
+    assert {dtype: o.reason for (_, dtype), o in outcomes.items() if not o.ok} == {}
+
+
+def test_the_cutlass_family_compiles_with_the_installed_nvidia_cutlass(
+    manifest: Manifest, tmp_path: Path
+) -> None:
+    backend = CudaBackend(manifest, Settings(build_dir=tmp_path, compile_timeout_s=COMPILE_TIMEOUT_S))
+    outcomes = build_references(backend, (4096, 4096, 4096), dsls=("cutlass",))
+    assert {key: o.reason for key, o in outcomes.items() if not o.ok} == {}
+    assert set(outcomes) == {("cutlass", "f16"), ("cutlass", "e4m3")}
+    for outcome in outcomes.values():  # WGMMA (sm_90a's warpgroup MMA) is in the binary, not mma.sync
+        assert b"wgmma" in Path(backend.artifact_binary(outcome.artifact)).read_bytes()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,188 @@
+// croqq CUTLASS 3.x GEMM for Hopper (sm_90a): C[M,N] (f16, row-major) = A[M,K] * B[N,K]^T, fp32 accumulate,
+// the same problem and operand layouts as kernels/cuda (A and B both K-major), timed by the same harness.
+//
+// The kernel is CUTLASS's sm90 warp-specialized GEMM (TMA loads into an mbarrier pipeline, WGMMA, a TMA
+// epilogue), assembled by the collective builders from the knob macros below. The element type is chosen
+// by the including header (cutlass_f16.cuh: f16 x f16; cutlass_e4m3.cuh: e4m3 x e4m3 with FP8 schedules).
+//
+// Knobs (compile-time macros; a candidate translation unit defines every one, then includes this family):
+//   TILE_M TILE_N TILE_K  CTA tile (TILE_M 64 or a multiple of 64; cooperative schedules need TILE_M >= 128)
+//   CLUSTER_M CLUSTER_N   thread-block cluster (TMA multicast of B along M, of A along N); product <= 8
+//   STAGES                mainloop pipeline depth; 0: as many as shared memory holds after the epilogue
+//   SCHEDULE              0: cooperative (two consumer warpgroups share a tile), 1: ping-pong (one tile each)
+//   FAST_ACCUM            e4m3 only: 1 accumulates in the tensor core's fast (lower-precision) mode
+//   SCHEDULER             0: persistent data-parallel, 1: stream-K (SPLITS > 1: split-K over SPLITS)
+//   RASTER                0: CUTLASS's heuristic, 1: along M, 2: along N
+//   SWIZZLE               1, 2, 4 or 8: CTAs that walk neighbouring tiles together (L2 reuse)
+//   SPLITS                stream-K scheduler only: K split this many ways (1: stream-K's own decomposition)
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+// CUTLASS's headers are toolchain headers (angle brackets): they come from the installed nvidia-cutlass
+// package (the manifest's build.packages), are never copied into a candidate, and its version is part of
+// the candidate's content hash.
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#if !defined(GEMM_M) || !defined(GEMM_N) || !defined(GEMM_K)
+#error "define GEMM_M, GEMM_N and GEMM_K (the candidate's shape) before including a croqq kernel"
+#endif
+#if !defined(TILE_M) || !defined(TILE_N) || !defined(TILE_K) || !defined(CLUSTER_M) || !defined(CLUSTER_N) || \
+    !defined(STAGES) || !defined(SCHEDULE) || !defined(FAST_ACCUM) || !defined(SCHEDULER) || !defined(RASTER) || \
+    !defined(SWIZZLE) || !defined(SPLITS)
+#error "define every knob (TILE_M TILE_N TILE_K CLUSTER_M CLUSTER_N STAGES SCHEDULE FAST_ACCUM SCHEDULER RASTER SWIZZLE SPLITS)"
+#endif
+
+namespace croqq {
+
+#if defined(CROQQ_F16)
+using In = __half;
+using Element = cutlass::half_t;
+constexpr const char* kDtype = "f16";
+constexpr bool kFp8 = false;
+#elif defined(CROQQ_E4M3)
+using In = __nv_fp8_e4m3;
+using Element = cutlass::float_e4m3_t;
+constexpr const char* kDtype = "e4m3";
+constexpr bool kFp8 = true;
+#else
+#error "include cutlass_f16.cuh or cutlass_e4m3.cuh, not cutlass_sm90.cuh"
+#endif
+
+constexpr bool kSparse = false;
+constexpr bool kSplitWorkspace = false;  // the harness allocates no fp32 workspace for this family
+constexpr int M = GEMM_M, N = GEMM_N, K = GEMM_K;
+constexpr int kElemBytes = static_cast<int>(sizeof(In));
+
+static_assert(SCHEDULE == 0 || SCHEDULE == 1, "SCHEDULE must be 0 (cooperative) or 1 (ping-pong)");
+static_assert(SCHEDULE == 1 || TILE_M % 128 == 0, "the cooperative schedule needs TILE_M a multiple of 128");
+static_assert(TILE_M % 64 == 0, "TILE_M must be a multiple of 64 (one warpgroup's WGMMA rows)");
+static_assert(TILE_K * kElemBytes % 128 == 0, "TILE_K must span a multiple of 128 bytes (the 128B swizzle)");
+static_assert(CLUSTER_M * CLUSTER_N <= 8, "a portable thread-block cluster holds at most 8 CTAs");
+static_assert(!FAST_ACCUM || kFp8, "FAST_ACCUM applies to e4m3 only");
+static_assert(SCHEDULER == 0 || SCHEDULER == 1, "SCHEDULER must be 0 (persistent) or 1 (stream-K)");
+static_assert(SPLITS == 1 || SCHEDULER == 1, "SPLITS > 1 needs the stream-K scheduler (SCHEDULER 1)");
+static_assert(SWIZZLE == 1 || SWIZZLE == 2 || SWIZZLE == 4 || SWIZZLE == 8, "SWIZZLE must be 1, 2, 4 or 8");
+static_assert(K % TILE_K == 0, "GEMM_K must be a multiple of TILE_K");
+
+namespace sm90 {
+using namespace cute;
+
+using LayoutA = cutlass::layout::RowMajor;     // M x K, K contiguous
+using LayoutB = cutlass::layout::ColumnMajor;  // K x N stored as N rows of K
+using LayoutC = cutlass::layout::RowMajor;
+using Out = cutlass::half_t;
+constexpr int kAlignIn = 16 / sizeof(Element), kAlignOut = 8;
+
+using Tile = Shape<Int<TILE_M>, Int<TILE_N>, Int<TILE_K>>;
+using Cluster = Shape<Int<CLUSTER_M>, Int<CLUSTER_N>, _1>;
+
+using CoopMain = std::conditional_t<FAST_ACCUM, cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum,
+                                    cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+using PingMain = std::conditional_t<FAST_ACCUM, cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum,
+                                    cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+using MainSchedule = std::conditional_t<SCHEDULE == 0, CoopMain, PingMain>;
+using EpiSchedule = std::conditional_t<SCHEDULE == 0, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                                       cutlass::epilogue::TmaWarpSpecialized>;
+using TileScheduler = std::conditional_t<SCHEDULER == 0, cutlass::gemm::PersistentScheduler,
+                                         cutlass::gemm::StreamKScheduler>;
+
+using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, Out, LayoutC, kAlignOut, Out, LayoutC,
+    kAlignOut, EpiSchedule>::CollectiveOp;
+
+using Stages = std::conditional_t<
+    STAGES == 0,
+    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+    cutlass::gemm::collective::StageCount<(STAGES > 0 ? STAGES : 2)>>;
+
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlignIn, Element, LayoutB, kAlignIn,
+    float, Tile, Cluster, Stages, MainSchedule>::CollectiveOp;
+
+using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, TileScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+using RasterOrder = cutlass::gemm::kernel::detail::RasterOrderOptions;
+}  // namespace sm90
+
+struct Operands {
+  const void* a;         // M x K
+  const void* b;         // N x K
+  const uint32_t* meta;  // unused (dense only)
+  __half* c;             // M x N
+  float* workspace;      // unused
+};
+
+inline sm90::Gemm::Arguments arguments(const Operands& op) {
+  using G = sm90::Gemm;
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = 0;
+  hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(0);
+  auto* c = reinterpret_cast<sm90::Out*>(op.c);
+  G::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                    {M, N, K, 1},
+                    {static_cast<const Element*>(op.a), cutlass::make_cute_packed_stride(G::GemmKernel::StrideA{}, {M, K, 1}),
+                     static_cast<const Element*>(op.b), cutlass::make_cute_packed_stride(G::GemmKernel::StrideB{}, {N, K, 1})},
+                    {{1.0f, 0.0f},
+                     c, cutlass::make_cute_packed_stride(G::GemmKernel::StrideC{}, {M, N, 1}),
+                     c, cutlass::make_cute_packed_stride(G::GemmKernel::StrideD{}, {M, N, 1})},
+                    hw};
+  args.scheduler.max_swizzle_size = SWIZZLE;
+  args.scheduler.raster_order = RASTER == 1   ? sm90::RasterOrder::AlongM
+                                : RASTER == 2 ? sm90::RasterOrder::AlongN
+                                              : sm90::RasterOrder::Heuristic;
+  auto split = [](auto& scheduler) {  // generic, so that the persistent scheduler never sees the fields
+    if constexpr (SCHEDULER == 1 && SPLITS > 1) {
+      scheduler.splits = SPLITS;
+      scheduler.decomposition_mode = decltype(scheduler.decomposition_mode)::SplitK;
+    }
+  };
+  split(args.scheduler);
+  return args;
+}
+
+// Host: one launch on `stream`. CUTLASS builds its TMA descriptors from the operand pointers, so each
+// distinct operand set (the harness rotates several) is initialized once and reused.
+inline cudaError_t launch(const Operands& op, cudaStream_t stream) {
+  struct Prepared {
+    sm90::Gemm gemm;
+    void* workspace = nullptr;
+  };
+  static std::map<std::tuple<const void*, const void*, const void*>, std::unique_ptr<Prepared>> prepared;
+  auto& slot = prepared[{op.a, op.b, op.c}];
+  if (!slot) {
+    auto fresh = std::make_unique<Prepared>();
+    const auto args = arguments(op);
+    if (fresh->gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidConfiguration;
+    const size_t bytes = sm90::Gemm::get_workspace_size(args);
+    if (bytes > 0) {
+      const cudaError_t err = cudaMalloc(&fresh->workspace, bytes);
+      if (err != cudaSuccess) return err;
+    }
+    if (fresh->gemm.initialize(args, fresh->workspace, stream) != cutlass::Status::kSuccess)
+      return cudaErrorInvalidConfiguration;
+    slot = std::move(fresh);
+  }
+  if constexpr (SCHEDULER == 1) {  // stream-K's workspace (partial tiles, flags) is reset for every run
+    if (slot->gemm.initialize(arguments(op), slot->workspace, stream) != cutlass::Status::kSuccess)
+      return cudaErrorInvalidConfiguration;
+  }
+  if (slot->gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+  return cudaGetLastError();
+}
+
+}  // namespace croqq
