@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     replay_repeats: int = Field(
         7, ge=1, description="backend=replay: timed repeats per measurement, drawn from the recorded ones."
     )
+    cublaslt: str = Field(
+        "",
+        description="backend=cuda: the path of libcublasLt.so (the harness's reference and cuBLAS timing) "
+        "where the loader does not find it (a CUDA install without the .so link, a wheel's nvidia/cu13/lib).",
+    )
     probe: Literal["auto", "nvml", "sim"] = "auto"
     sim_gpus: int = Field(8, ge=1, le=64, description="Simulated GPUs per host when NVML finds none.")
     sim_gpu_type: str = "sm90_Simulated_H100_SXM"

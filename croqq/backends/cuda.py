@@ -256,7 +256,10 @@ class CudaBackend(Backend):
         ]
 
     def _env(self, gpu: GpuContext) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": gpu.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env = {"CUDA_VISIBLE_DEVICES": gpu.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        if self.settings.cublaslt:  # the harness reads it (kernels/README.md)
+            env["CROQQ_CUBLASLT"] = self.settings.cublaslt
+        return env
 
     def run_harness(
         self, gpu: GpuContext, shape: Shape, binary: Path, extra: Sequence[str] = ()

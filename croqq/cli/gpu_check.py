@@ -125,9 +125,7 @@ def _tuning_loop(work: Path, build_dir: Path) -> list[str]:
     return tsv.read_text().splitlines() if tsv.exists() else []
 
 
-def _print(
-    console: Console, rows: list[dict[str, object]], spread: dict[str, float], loop: list[str]
-) -> None:
+def _print_rows(console: Console, rows: list[dict[str, object]]) -> None:
     table = Table(title="reference kernels vs cuBLAS")
     for col in ("dsl", "dtype", "shape", "outcome", "TFLOPS", "cuBLAS", "ratio", "% of peak"):
         table.add_column(col)
@@ -143,6 +141,9 @@ def _print(
             f"{r['hw_eff_pct']:.1f}",
         )
     console.print(table)
+
+
+def _print_rest(console: Console, spread: dict[str, float], loop: list[str]) -> None:
     console.print(
         f"spread of {spread['runs']} measurements (f16 8192^3): {spread['spread_pct']:.2f}% "
         f"(min {spread['min_ms']:.4f} ms, max {spread['max_ms']:.4f} ms)"
@@ -179,9 +180,10 @@ def gpu_check(
     artifacts = _build_all(backend)
     console.print(f"built {len(artifacts)} kernels in {time.monotonic() - started:.0f}s")
     rows = _versus_cublas(backend, gpu, artifacts)
+    _print_rows(console, rows)  # before the tuning loop: a failure there keeps these
     spread = _spread(backend, gpu, artifacts[("cuda", "f16", (8192, 8192, 8192))])
     loop = _tuning_loop(work, build_dir)
-    _print(console, rows, spread, loop)
+    _print_rest(console, spread, loop)
     headline = {
         str(r["dsl"]): r["ratio"] for r in rows if r["dtype"] == "f16" and r["shape"] == "8192x8192x8192"
     }

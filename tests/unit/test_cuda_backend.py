@@ -122,6 +122,19 @@ def test_harness_json_is_parsed_into_a_measurement(manifest, tmp_path: Path) -> 
     assert m.start is not None and m.end is not None and m.start.sm_clock_mhz > 0
 
 
+def test_the_harness_is_told_where_cublaslt_is_and_a_cluster_takes_the_setting(
+    manifest, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from croqq.processes.local import settings_from
+
+    line = json.dumps({**OK_LINE, "detail": "DETAIL"}).replace("DETAIL", "$CROQQ_CUBLASLT")
+    binary = executable(tmp_path / "gemm", f'echo "{line.replace(chr(34), chr(92) + chr(34))}"')
+    be = backend(manifest, tmp_path, cublaslt="/opt/cuda/lib/libcublasLt.so.13")
+    (m,) = be.measure(gpu(), SHAPE, [artifact_for(be, binary)])
+    assert m.outcome == "ok" and m.detail == "/opt/cuda/lib/libcublasLt.so.13"
+    assert settings_from({"CROQQ_CUBLASLT": "/x/libcublasLt.so"}).cublaslt == "/x/libcublasLt.so"
+
+
 @pytest.mark.parametrize(
     ("status", "code", "outcome"),
     [("wrong_answer", 3, "wrong_answer"), ("invalid", 4, "invalid"), ("error", 1, "crash")],
