@@ -212,7 +212,8 @@ class CudaBackend(Backend):
         command = self.compile_command(candidate, source, folder / "gemm.tmp")
         if shutil.which(command[0]) is None:
             raise HostError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
-        run = run_process(command, self.settings.compile_timeout_s, env={"TMPDIR": str(folder.resolve())})
+        timeout_s = max(self.settings.compile_timeout_s, spec.build.compile_timeout_s or 0.0)
+        run = run_process(command, timeout_s, env={"TMPDIR": str(folder.resolve())})
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
         if run.returncode != 0:  # a failed compile's partial output only takes space
             (folder / "gemm.tmp").unlink(missing_ok=True)
@@ -220,9 +221,7 @@ class CudaBackend(Backend):
         with self.build_disk():
             (folder / "build.log").write_text(text)
         if run.returncode is None:
-            return BuildOutcome(
-                ok=False, reason=f"compile timed out after {self.settings.compile_timeout_s:.0f}s", log=text
-            )
+            return BuildOutcome(ok=False, reason=f"compile timed out after {timeout_s:.0f}s", log=text)
         if run.returncode != 0:
             return BuildOutcome(ok=False, reason=first_error(text), log=text)
         with self.build_disk():

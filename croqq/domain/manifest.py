@@ -88,6 +88,13 @@ class BuildSpec(_Strict):
     include_dirs: list[str]
     libs: list[str]
     packages: dict[str, PackageSpec] = Field(default_factory=dict)
+    compile_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=1800,  # below half the broker's visibility timeout (croqq.processes.app)
+        description="This family's compiles may run this long when CROQQ_COMPILE_TIMEOUT_S is shorter "
+        "(one CUTLASS collective-builder instantiation takes minutes on a loaded 2-core host).",
+    )
 
 
 class Rule(_Strict):

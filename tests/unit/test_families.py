@@ -239,3 +239,25 @@ def test_the_simulated_gpu_refuses_a_family_it_does_not_model_in_one_line(manife
         ConfigError, match=r"dsl 'cutlass' has .*: tune it with CROQQ_BACKEND=cuda on GPU hosts$"
     ):
         SimBackend(manifest, Settings()).check_dsl("cutlass")
+
+
+def test_a_family_with_a_longer_compile_timeout_gets_it_and_a_hanging_compile_is_still_killed(
+    manifest: Manifest, tmp_path: Path
+) -> None:
+    compiler = tmp_path / "cc"
+    compiler.write_text("#!/bin/sh\nsleep 3600\n")
+    compiler.chmod(compiler.stat().st_mode | stat.S_IEXEC)
+    spec = manifest.dsls["cutlass"]
+    build = spec.build.model_copy(update={"compiler": str(compiler), "compile_timeout_s": 2.0})
+    patched = manifest.model_copy(update={"dsls": {"cutlass": spec.model_copy(update={"build": build})}})
+    shape = Shape(dtype="f16", m=4096, n=4096, k=4096)
+    cand = knob_candidate(
+        patched, Settings(), "cutlass", shape, seed_knobs(patched, "cutlass", "f16", "reference")
+    )
+    settings = Settings(build_dir=tmp_path / "build", run_dir=tmp_path / "run", compile_timeout_s=1)
+    outcome = CudaBackend(patched, settings).build(shape, cand)
+    assert not outcome.ok and outcome.reason == "compile timed out after 2s"
+    assert (
+        manifest.dsl("cutlass").build.compile_timeout_s == 900
+        and manifest.dsl("cuda").build.compile_timeout_s is None
+    )
