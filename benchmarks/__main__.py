@@ -20,6 +20,7 @@ from benchmarks import (
     agent_bench,
     capacity_bench,
     cluster_bench,
+    compile_bench,
     events_bench,
     exporter_bench,
     history,
@@ -56,6 +57,10 @@ PARTS: dict[str, tuple[str, Part]] = {
         lambda w, a: agent_bench.source_run(w),
     ),
     "agent": ("agent overhead per IDEATE step", lambda w, a: agent_bench.overhead()),
+    "compile": (
+        "compile time per kernel family (sampled knob settings the rules accept, real nvcc)",
+        lambda w, a: compile_bench.run(w, a.compile_samples),
+    ),
     "hosts": (
         "multi-host (namespace hosts: fault recovery, bytes per iteration)",
         lambda w, a: hosts_bench.run(w),
@@ -138,6 +143,12 @@ def _args() -> argparse.Namespace:
         "--transfer-seeds", type=int, default=transfer_bench.SEEDS, help="tuning: transfer runs per shape"
     )
     parser.add_argument("--json", action="store_true", help="tuning: print only the tuning report (JSON)")
+    parser.add_argument(
+        "--compile-samples",
+        type=int,
+        default=compile_bench.SAMPLES,
+        help="compile: knob settings compiled per family and dtype (CUTLASS: about a minute each on 2 cores)",
+    )
     args = parser.parse_args()
     args.parts = [p for p in args.only.split(",") if p]
     unknown = sorted(set(args.parts) - set(PARTS))
