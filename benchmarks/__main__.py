@@ -59,7 +59,7 @@ PARTS: dict[str, tuple[str, Part]] = {
     "agent": ("agent overhead per IDEATE step", lambda w, a: agent_bench.overhead()),
     "compile": (
         "compile time per kernel family (sampled knob settings the rules accept, real nvcc)",
-        lambda w, a: compile_bench.run(w, a.compile_samples),
+        lambda w, a: compile_bench.run(w, a.compile_samples, tuple(filter(None, a.compile_dsls.split(",")))),
     ),
     "hosts": (
         "multi-host (namespace hosts: fault recovery, bytes per iteration)",
@@ -148,6 +148,9 @@ def _args() -> argparse.Namespace:
         type=int,
         default=compile_bench.SAMPLES,
         help="compile: knob settings compiled per family and dtype (CUTLASS: about a minute each on 2 cores)",
+    )
+    parser.add_argument(
+        "--compile-dsls", default="", help="compile: only these families (default: every one)"
     )
     args = parser.parse_args()
     args.parts = [p for p in args.only.split(",") if p]

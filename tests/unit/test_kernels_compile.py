@@ -12,7 +12,7 @@ import pytest
 
 from croqq.backends._base import GpuContext
 from croqq.backends.cuda import CudaBackend, build_references
-from croqq.backends.toolchain import knob_candidate
+from croqq.backends.toolchain import candidate_of, knob_candidate
 from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.shapes import Shape
@@ -85,17 +85,20 @@ def test_the_cutlass_family_compiles_with_the_installed_nvidia_cutlass(
         ({"SPLIT_K": 4, "TILE_K": 64}, "SPLIT_K exceeds the number of k-tiles"),
     ],
 )
-def test_knobs_the_hardware_cannot_run_fail_to_compile_with_the_reason(
+def test_knobs_the_hardware_cannot_run_are_refused_by_a_rule_and_by_the_compiler_with_the_reason(
     manifest: Manifest, tmp_path: Path, knobs: dict[str, int], reason: str
 ) -> None:
     shape = Shape(dtype="f16", m=4096, n=4096, k=128)
     cand = knob_candidate(
         manifest, Settings(), "cuda", shape, seed_knobs(manifest, "cuda", "f16", "reference") | knobs
     )
-    outcome = CudaBackend(manifest, Settings(build_dir=tmp_path, compile_timeout_s=COMPILE_TIMEOUT_S)).build(
-        shape, cand
-    )
-    assert not outcome.ok and reason in outcome.reason and "static assertion" in outcome.reason
+    backend = CudaBackend(manifest, Settings(build_dir=tmp_path, compile_timeout_s=COMPILE_TIMEOUT_S))
+    ruled = backend.build(shape, cand)  # the knob candidate: the manifest's rule, before any compile
+    assert not ruled.ok and ruled.reason.startswith("knob rule: ") and reason in ruled.reason
+    # the same knobs in an edited source (an agent's): no rule applies, the kernel's static_assert does
+    edited = candidate_of(manifest, Settings(), "cuda", "f16", "// an agent's edit\n" + cand.source)
+    compiled = backend.build(shape, edited)
+    assert not compiled.ok and reason in compiled.reason and "static assertion" in compiled.reason
 
 
 SELFTEST_CONFIGS = [
