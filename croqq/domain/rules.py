@@ -5,7 +5,7 @@ A rule is a Python-syntax boolean expression that must hold, over the knob names
 
     {"require": "STAGES * (TILE_M + TILE_N) * TILE_K * A_BYTES <= 232448", "why": "stages exceed 227 KiB"}
 
-Only arithmetic (``+ - * / // % **``), comparisons, ``and``/``or``/``not``, ``x if c else y`` and
+Only arithmetic (``+ - * / // %``), comparisons, ``and``/``or``/``not``, ``x if c else y`` and
 ``min``/``max`` are allowed: the manifest is data, never code. A knob candidate that breaks a rule becomes an
 attempt with the rule's reason before any compile (the compiler's own ``static_assert`` stays the backstop
 for what no rule says).
@@ -22,7 +22,7 @@ from typing import Any
 SHAPE_NAMES = ("M", "N", "K", "A_BYTES", "C_BYTES")
 
 _OPERATORS = (
-    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow,
+    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod,
     ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
 )  # fmt: skip
 _CALLS: dict[str, Callable[..., Any]] = {"min": min, "max": max}
@@ -66,7 +66,7 @@ def _code(text: str) -> CodeType:
 
 
 def holds(text: str, env: Mapping[str, int | float]) -> bool:
-    return bool(eval(_code(text), {"__builtins__": _CALLS}, dict(env)))  # parse() checked it
+    return bool(eval(_code(text), {"__builtins__": _CALLS}, env))  # parse() checked it
 
 
 def first_broken(rules: Iterable[tuple[str, str]], env: Mapping[str, int | float]) -> str | None:
