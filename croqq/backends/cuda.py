@@ -27,6 +27,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -213,7 +214,9 @@ class CudaBackend(Backend):
         if shutil.which(command[0]) is None:
             raise HostError(f"{command[0]} not found on this build host (install the CUDA toolkit)")
         timeout_s = max(self.settings.compile_timeout_s, spec.build.compile_timeout_s or 0.0)
+        started = time.monotonic()
         run = run_process(command, timeout_s, env={"TMPDIR": str(folder.resolve())})
+        seconds = round(time.monotonic() - started, 3)
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
         if run.returncode != 0:  # a failed compile's partial output only takes space
             (folder / "gemm.tmp").unlink(missing_ok=True)
@@ -221,12 +224,13 @@ class CudaBackend(Backend):
         with self.build_disk():
             (folder / "build.log").write_text(text)
         if run.returncode is None:
-            return BuildOutcome(ok=False, reason=f"compile timed out after {timeout_s:.0f}s", log=text)
+            reason = f"compile timed out after {timeout_s:.0f}s"
+            return BuildOutcome(ok=False, reason=reason, log=text, seconds=seconds)
         if run.returncode != 0:
-            return BuildOutcome(ok=False, reason=first_error(text), log=text)
+            return BuildOutcome(ok=False, reason=first_error(text), log=text, seconds=seconds)
         with self.build_disk():
             os.replace(folder / "gemm.tmp", binary)
-        return self.built(shape, candidate, binary.read_bytes(), text)
+        return self.built(shape, candidate, binary.read_bytes(), text, seconds)
 
     def artifact_binary(self, artifact: str) -> str:
         """Where this build host compiled the artifact's binary (for `croqq kernels`; GPU steps fetch)."""

@@ -254,7 +254,7 @@ class SimBackend(Backend):
         if error is None and real:
             command, error, text = self._compile(candidate)
         effect = Effect(error=error) if error is not None else self._effect(shape, candidate, real)
-        seconds = round(time.monotonic() - started, 3)
+        seconds = max(0.001, round(time.monotonic() - started, 3))  # a build ran (0 means none: cached)
         log_text = f"$ {command}\n{text}"
         if effect.error is not None:
             log.info("sim build %s %s failed: %s", shape.key, candidate.short_hash, effect.error)

@@ -72,6 +72,7 @@ class Reading:
     summary: dict[str, str]
     counters: dict[str, str]
     commits: dict[str, str]
+    compiles: dict[str, str]
     repo_bytes: str | None
     unacked: int
     queue_lengths: dict[str, int]
@@ -85,7 +86,7 @@ def read(client: redis.Redis) -> Reading:
     """Everything a scrape shows, in two pipelined round trips."""
     pipe = client.pipeline(transaction=False)
     pipe.time()
-    for key in (keys.SUMMARY, keys.STATS, keys.COMMIT_SECONDS):
+    for key in (keys.SUMMARY, keys.STATS, keys.COMMIT_SECONDS, keys.COMPILE_SECONDS):
         pipe.hgetall(key)
     pipe.get(keys.REPO_BYTES)
     pipe.hlen("unacked")  # kombu's hash of messages delivered to a consumer and not yet acknowledged
@@ -93,9 +94,19 @@ def read(client: redis.Redis) -> Reading:
     pipe.smembers(keys.AGENTS)
     pipe.hvals(keys.ALARMS)
     pipe.info("memory")
-    (sec, usec), summary, counters, commits, repo_bytes, unacked, uuid_set, agent_set, alarm_set, info = (
-        pipe.execute()
-    )
+    (
+        (sec, usec),
+        summary,
+        counters,
+        commits,
+        compiles,
+        repo_bytes,
+        unacked,
+        uuid_set,
+        agent_set,
+        alarms,
+        info,
+    ) = pipe.execute()
     now = float(sec) + float(usec) / 1e6
     memory = RedisMemory.from_info(info)
     uuids, names = sorted(strs(uuid_set)), sorted(strs(agent_set))
@@ -124,12 +135,13 @@ def read(client: redis.Redis) -> Reading:
         summary=summary,
         counters=counters,
         commits=commits,
+        compiles=compiles,
         repo_bytes=repo_bytes,
         unacked=int(unacked),
         queue_lengths=lengths,
         gpus=gpus,
         agents={name: next(replies) for name in names},
-        alarms=[Alarm.model_validate_json(v) for v in alarm_set] + redis_alarms(memory, now),
+        alarms=[Alarm.model_validate_json(v) for v in alarms] + redis_alarms(memory, now),
         memory=memory,
     )
 
@@ -260,6 +272,15 @@ def store_families(r: Reading) -> Iterator[Metric]:
     )
     commits.add_metric([], buckets, total)
     yield commits
+    compiles = HistogramMetricFamily(
+        "croqq_compile_seconds",
+        "Build workers' compile time per kernel family (cached binaries and knob-rule refusals aside); "
+        "with croqq_queue_messages{queue='build'}, what to scale build workers on.",
+        labels=["dsl"],
+    )
+    for dsl, (buckets, total) in stats.compile_histograms(r.compiles).items():
+        compiles.add_metric([dsl], buckets, total)
+    yield compiles
     if r.repo_bytes is not None:
         yield _gauge(
             "croqq_results_repo_bytes",

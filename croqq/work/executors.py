@@ -38,7 +38,7 @@ from croqq.errors import IllegalTransitionError, StoreGapError, TerminalError
 from croqq.proposers._base import ProposeContext
 from croqq.settings import Settings
 from croqq.store.schema import StoreReceipt, StoreRequest
-from croqq.work import agents, transfer
+from croqq.work import agents, stats, transfer
 from croqq.work import gpu as guard
 from croqq.work import history as hist
 from croqq.work.context import Runtime
@@ -250,7 +250,7 @@ def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built | BestB
     diskspace.require(s.resolved_build_dir(), s.disk_reserve_bytes, "the build folder", s.disk_retry_s)
     pending = state.loop.pending
     if state.loop.phase == Phase.BASELINE:
-        return Built(build=rt.backend.build(state.shape, _seed(rt, state)))
+        return Built(build=_build(rt, state, _seed(rt, state)))
     if state.loop.phase in (Phase.PROFILE, Phase.MEASURE):  # the best has no artifact (see step_kind)
         return BestBuilt(artifact=_build_best(rt, state))
     if pending is None or pending.idea is None:
@@ -273,17 +273,26 @@ def implement(rt: Runtime, state: ShapeState, msg: StepMessage) -> Built | BestB
     return Built(build=build, builds=builds, repeats=repeats)
 
 
+def _build(rt: Runtime, state: ShapeState, cand: Candidate) -> BuildOutcome:
+    """Build one candidate; a real compile's time goes to its family's histogram (the exporter's
+    croqq_compile_seconds; a cached binary or a knob rule took none)."""
+    outcome = rt.backend.build(state.shape, cand)
+    if outcome.seconds > 0:
+        stats.record_compile(rt.client, cand.dsl, outcome.seconds)
+    return outcome
+
+
 def _build_idea(rt: Runtime, state: ShapeState, idea: Idea) -> BuildOutcome:
     try:
         cand = _candidate(rt, state, idea.source)
     except SourceError as exc:  # a header this build host does not have: the build fails, like nvcc's
         return BuildOutcome(ok=False, reason=str(exc)[:300], log=str(exc))
-    return rt.backend.build(state.shape, cand)
+    return _build(rt, state, cand)
 
 
 def _build_best(rt: Runtime, state: ShapeState) -> str:
     """The best kernel built again here, on a build worker; a best that does not build parks the shape."""
-    build = rt.backend.build(state.shape, _candidate(rt, state, _best_source(rt, state)))
+    build = _build(rt, state, _candidate(rt, state, _best_source(rt, state)))
     if not build.ok:
         raise TerminalError(f"{state.key}: the best kernel does not build: {build.reason}")
     return build.artifact

@@ -8,6 +8,8 @@ croqq:gpu_busy:<uuid>   hash: busy_s, steps, first, last (duty cycle)
 croqq:commit_seconds    hash: the writer's commit times as a histogram: le:<bound> (commits in that
                         bucket only, le:+Inf above the last bound), sum, count; one pipelined round trip
                         per commit (``ResultsWriter.on_commit``)
+croqq:compile_seconds   hash: the build workers' compile times per kernel family, the same histogram with
+                        fields <dsl>|le:<bound>, <dsl>|sum, <dsl>|count (cached builds and knob rules aside)
 croqq:repo_bytes        string: the results repo's .git size, published by the writer's periodic flush
 """
 
@@ -24,6 +26,7 @@ from croqq.domain.fsm import Stored
 OVERHEAD = keys.OVERHEAD
 OVERHEAD_CAP = 200_000
 COMMIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+COMPILE_BUCKETS_S = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)  # mma.sync ~4 s, CUTLASS ~50 s
 
 
 def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -> None:
@@ -44,27 +47,48 @@ def on_stored(pipe: Any, before: ShapeState, after: ShapeState, event: Stored) -
         pipe.ltrim(OVERHEAD, 0, OVERHEAD_CAP - 1)
 
 
-def _bucket(seconds: float) -> str:
-    return next((f"le:{b}" for b in COMMIT_BUCKETS_S if seconds <= b), "le:+Inf")
-
-
-def record_commit(client: redis.Redis, seconds: float) -> None:
-    """Count one commit of ``seconds`` in the histogram (one round trip)."""
+def _record(
+    client: redis.Redis, key: str, bounds: tuple[float, ...], seconds: float, prefix: str = ""
+) -> None:
+    """Count ``seconds`` in the histogram hash ``key`` (fields ``<prefix>le:<bound>``, sum, count)."""
+    bucket = next((f"le:{b}" for b in bounds if seconds <= b), "le:+Inf")
     pipe = client.pipeline(transaction=False)
-    pipe.hincrby(keys.COMMIT_SECONDS, _bucket(seconds), 1)
-    pipe.hincrbyfloat(keys.COMMIT_SECONDS, "sum", seconds)
-    pipe.hincrby(keys.COMMIT_SECONDS, "count", 1)
+    pipe.hincrby(key, prefix + bucket, 1)
+    pipe.hincrbyfloat(key, prefix + "sum", seconds)
+    pipe.hincrby(key, prefix + "count", 1)
     pipe.execute()
 
 
-def commit_histogram(raw: dict[str, str]) -> tuple[list[tuple[str, float]], float]:
-    """The stored histogram as Prometheus wants it: cumulative (bound, count) pairs ending with +Inf, and
+def _histogram(
+    raw: dict[str, str], bounds: tuple[float, ...], prefix: str = ""
+) -> tuple[list[tuple[str, float]], float]:
+    """A stored histogram as Prometheus wants it: cumulative (bound, count) pairs ending with +Inf, and
     the sum of the seconds."""
     out, total = [], 0.0
-    for bound in [str(b) for b in COMMIT_BUCKETS_S] + ["+Inf"]:
-        total += float(raw.get(f"le:{bound}", 0))
+    for bound in [str(b) for b in bounds] + ["+Inf"]:
+        total += float(raw.get(f"{prefix}le:{bound}", 0))
         out.append((bound, total))
-    return out, float(raw.get("sum", 0.0))
+    return out, float(raw.get(prefix + "sum", 0.0))
+
+
+def record_commit(client: redis.Redis, seconds: float) -> None:
+    """Count one commit of ``seconds`` (one round trip)."""
+    _record(client, keys.COMMIT_SECONDS, COMMIT_BUCKETS_S, seconds)
+
+
+def commit_histogram(raw: dict[str, str]) -> tuple[list[tuple[str, float]], float]:
+    return _histogram(raw, COMMIT_BUCKETS_S)
+
+
+def record_compile(client: redis.Redis, dsl: str, seconds: float) -> None:
+    """Count one compile of a kernel family (one round trip)."""
+    _record(client, keys.COMPILE_SECONDS, COMPILE_BUCKETS_S, seconds, f"{dsl}|")
+
+
+def compile_histograms(raw: dict[str, str]) -> dict[str, tuple[list[tuple[str, float]], float]]:
+    """dsl -> its compile-time histogram (as :func:`commit_histogram`)."""
+    families = sorted({field.split("|", 1)[0] for field in raw if "|" in field})
+    return {dsl: _histogram(raw, COMPILE_BUCKETS_S, f"{dsl}|") for dsl in families}
 
 
 def record_repo_bytes(client: redis.Redis, size: int) -> None:

@@ -268,3 +268,19 @@ def test_the_exporter_has_an_annotated_service_and_its_basic_auth_from_a_secret(
         "prometheus.io/port": "9808",
         "prometheus.io/path": "/metrics",
     }
+
+
+def test_build_workers_scale_on_the_build_queue_that_the_exporter_publishes() -> None:
+    from croqq.delivery import queues
+
+    (hpa,) = [d for d in resources() if d["kind"] == "HorizontalPodAutoscaler"]
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == (
+        "Deployment",
+        "build-worker",
+    ) and "build-worker" in workloads()
+    (metric,) = hpa["spec"]["metrics"]  # the exporter's series (tests/unit/test_metrics.py reads it)
+    assert metric["external"]["metric"]["name"] == "croqq_queue_messages"
+    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": queues.BUILD}
+    replicas = workloads()["build-worker"]["spec"]["replicas"]
+    assert hpa["spec"]["minReplicas"] <= replicas <= hpa["spec"]["maxReplicas"]

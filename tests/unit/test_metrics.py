@@ -149,6 +149,8 @@ def test_metrics_show_what_the_cluster_recorded(
     stats.record_busy(redis_client, "GPU-a", 1000.0, 1012.5)
     for seconds in (0.004, 0.02, 0.02, 3.0):
         stats.record_commit(redis_client, seconds)
+    for dsl, seconds in (("cuda", 3.4), ("cuda", 4.1), ("cutlass", 50.5), ("cutlass", 1000.0)):
+        stats.record_compile(redis_client, dsl, seconds)
     stats.record_repo_bytes(redis_client, 123456)
     usage = AgentUsage(agent="claude", wall_s=2.5, input_tokens=100, output_tokens=40, cost_usd=0.25)
     idea = Idea(summary="s", tag="s", knobs={}, content_hash="c" * 64, proposer="claude", agent=usage)
@@ -166,6 +168,7 @@ def test_metrics_show_what_the_cluster_recorded(
     assert value(m, "croqq_queue_messages", queue="gpu.GPU-b") == 3  # three priority lists, summed
     assert value(m, "croqq_queue_messages", queue="gpu.GPU-a") == 0
     assert value(m, "croqq_queue_messages", queue="store") == 0
+    assert value(m, "croqq_queue_messages", queue="build") == 0  # what k8s scales build workers on
     assert value(m, "croqq_gpu_state", gpu="GPU-a", state="quarantined") == 1
     assert value(m, "croqq_gpu_state", gpu="GPU-a", state="healthy") == 0
     assert value(m, "croqq_gpu_state", gpu="GPU-b", state="healthy") == 1
@@ -184,6 +187,13 @@ def test_metrics_show_what_the_cluster_recorded(
     assert value(m, "croqq_writer_commit_seconds_bucket", le="+Inf") == 4
     assert value(m, "croqq_writer_commit_seconds_sum") == pytest.approx(3.044)
     assert value(m, "croqq_results_repo_bytes") == 123456
+    assert value(m, "croqq_compile_seconds_count", dsl="cuda") == 2
+    assert value(m, "croqq_compile_seconds_bucket", dsl="cuda", le="2.5") == 0
+    assert value(m, "croqq_compile_seconds_bucket", dsl="cuda", le="5.0") == 2
+    assert value(m, "croqq_compile_seconds_bucket", dsl="cutlass", le="60.0") == 1
+    assert value(m, "croqq_compile_seconds_bucket", dsl="cutlass", le="900.0") == 1  # cumulative
+    assert value(m, "croqq_compile_seconds_bucket", dsl="cutlass", le="+Inf") == 2
+    assert value(m, "croqq_compile_seconds_sum", dsl="cutlass") == pytest.approx(1050.5)
     assert value(m, "croqq_agent_calls_total", agent="claude") == 2
     assert value(m, "croqq_agent_call_seconds_total", agent="claude") == 5.0
     assert value(m, "croqq_agent_tokens_total", agent="claude", kind="input") == 200
