@@ -159,6 +159,7 @@ inline sm90::Gemm::Arguments arguments(const Operands& op) {
 // distinct operand set (the harness rotates several) is initialized once and reused.
 inline cudaError_t launch(const Operands& op, cudaStream_t stream) {
   struct Prepared {
+    sm90::Gemm::Arguments args;
     sm90::Gemm gemm;
     void* workspace = nullptr;
   };
@@ -166,19 +167,19 @@ inline cudaError_t launch(const Operands& op, cudaStream_t stream) {
   auto& slot = prepared[{op.a, op.b, op.c}];
   if (!slot) {
     auto fresh = std::make_unique<Prepared>();
-    const auto args = arguments(op);
-    if (fresh->gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidConfiguration;
-    const size_t bytes = sm90::Gemm::get_workspace_size(args);
+    fresh->args = arguments(op);  // once per operand set: the device query and strides are not redone
+    if (fresh->gemm.can_implement(fresh->args) != cutlass::Status::kSuccess) return cudaErrorInvalidConfiguration;
+    const size_t bytes = sm90::Gemm::get_workspace_size(fresh->args);
     if (bytes > 0) {
       const cudaError_t err = cudaMalloc(&fresh->workspace, bytes);
       if (err != cudaSuccess) return err;
     }
-    if (fresh->gemm.initialize(args, fresh->workspace, stream) != cutlass::Status::kSuccess)
+    if (fresh->gemm.initialize(fresh->args, fresh->workspace, stream) != cutlass::Status::kSuccess)
       return cudaErrorInvalidConfiguration;
     slot = std::move(fresh);
   }
   if constexpr (SCHEDULER == 1) {  // stream-K's workspace (partial tiles, flags) is reset for every run
-    if (slot->gemm.initialize(arguments(op), slot->workspace, stream) != cutlass::Status::kSuccess)
+    if (slot->gemm.initialize(slot->args, slot->workspace, stream) != cutlass::Status::kSuccess)
       return cudaErrorInvalidConfiguration;
   }
   if (slot->gemm.run(stream) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
