@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,21 +120,23 @@ def _running_stores(client: Any) -> list[str]:
     return [s for s in running if text(client.hget(keys.step(s), "kind")) == "store"]
 
 
-def _held_batch(client: Any) -> list[str]:
-    """Hold the writer after a commit, before its completion; if that batch holds 2+ STOREs, it is the
-    one. Else hold it there until 2+ STOREs queue behind it and catch the batch they make at its next
-    commit (the branch not yet moved). Returns the held batch's STOREs (claimed, running); the caller
-    lifts both barriers."""
+def _held_batch(client: Any, submit: Callable[[], str]) -> tuple[str, list[str]]:
+    """Submit, holding the writer after its first commit, before its completion; if that batch holds 2+
+    STOREs, it is the one. Else hold it there until 2+ STOREs queue behind it and catch the batch they
+    make at its next commit (the branch not yet moved). Returns the submission and the held batch's
+    STOREs (claimed, running); the caller lifts both barriers. Armed before the submission: on a loaded
+    machine every STORE may be committed before ``submit`` returns (it waits for the record)."""
     _arm(client, "store:complete")
+    sub = submit()
     wait_until(lambda: client.exists(keys.barrier("store:complete:reached")), 180, "a STORE committed")
     held = _running_stores(client)
     if len(held) >= 2:
-        return held
+        return sub, held
     wait_until(lambda: client.zcard(keys.QUEUED_STORES) >= 2, 180, "2 STOREs queued", every_s=0.05)
     _arm(client, "store:commit")
     client.delete(keys.barrier("store:complete"))
     wait_until(lambda: client.exists(keys.barrier("store:commit:reached")), 180, "the writer at a commit")
-    return _running_stores(client)
+    return sub, _running_stores(client)
 
 
 def test_a_stale_epoch_inside_a_drained_batch_is_stored_once_and_holds_up_no_other(
@@ -142,8 +144,7 @@ def test_a_stale_epoch_inside_a_drained_batch_is_stored_once_and_holds_up_no_oth
 ) -> None:
     with _grouped(cluster_env) as cluster:
         client = cluster.client
-        sub = cluster.submit("f16", max_iter=3, limit=4)
-        held = _held_batch(client)
+        sub, held = _held_batch(client, lambda: cluster.submit("f16", max_iter=3, limit=4))
         assert len(held) >= 2
         ledger = Ledger(client, cluster.settings.lease_ttl_s, advance=None)  # type: ignore[arg-type]
         assert ledger.requeue(held[0], "a stale epoch inside the batch")  # epoch + 1; no message sent
