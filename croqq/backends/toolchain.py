@@ -54,26 +54,30 @@ def toolchain_id(settings: Settings, manifest: Manifest, dsl: str) -> str:
     return " + ".join([compiler_version(build.compiler), *packages])
 
 
+def require_package(name: str, version: str, who: str) -> importlib.metadata.Distribution:
+    """The installed distribution ``name`` if it is exactly ``version``; else one HostError line saying
+    what ``who`` needs, what this host has, and the pip command that fixes it."""
+    fix = f"pip install '{name}=={version}'"
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise HostError(f"{who} needs {name} {version}, not installed on this host: {fix}") from None
+    if dist.version != version:
+        raise HostError(f"{who} needs {name} {version}, this host has {dist.version}: {fix}")
+    return dist
+
+
 def package_includes(build: BuildSpec, dsl: str) -> list[str]:
     """``-I`` flags for the include folders of the dsl's packages, each at the version the manifest pins."""
     flags = []
     for name, pkg in sorted(build.packages.items()):
-        fix = f"pip install '{name}=={pkg.version}'"
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            raise HostError(
-                f"dsl {dsl!r} needs {name} {pkg.version}, not installed on this build host: {fix}"
-            ) from None
-        if dist.version != pkg.version:
-            raise HostError(
-                f"dsl {dsl!r} needs {name} {pkg.version}, this build host has {dist.version}: {fix}"
-            )
+        dist = require_package(name, pkg.version, f"dsl {dsl!r}")
         for folder in pkg.include:
             path = Path(str(dist.locate_file(folder)))
             if not path.is_dir():
                 raise HostError(
-                    f"{name} {dist.version} on this build host lacks {folder}: reinstall it ({fix})"
+                    f"{name} {dist.version} on this host lacks {folder}: "
+                    f"reinstall it (pip install '{name}=={pkg.version}')"
                 )
             flags.append(f"-I{path}")
     return flags

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from croqq.cli import app
 from croqq.cli.common import load_settings
 from croqq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from croqq.domain.manifest import Manifest
 
 
 def parse_knobs(text: str) -> dict[str, int]:
@@ -21,6 +25,30 @@ def parse_knobs(text: str) -> dict[str, int]:
             raise ConfigError(f"--knobs: {part!r} is not NAME=INTEGER (e.g. TILE_M=128,STAGES=4)")
         knobs[name.strip()] = int(value)
     return knobs
+
+
+def parse_pins(pins: list[str]) -> dict[str, str]:
+    """``["nvidia-cutlass==4.2.0.0"]`` -> {"nvidia-cutlass": "4.2.0.0"}."""
+    parsed: dict[str, str] = {}
+    for pin in pins:
+        name, sep, version = (part.strip() for part in pin.partition("=="))
+        if not (sep and name and version):
+            raise ConfigError(f"--requires: {pin!r} is not NAME==VERSION (e.g. nvidia-cutlass==4.2.0.0)")
+        parsed[name] = version
+    return parsed
+
+
+def pinned(manifest: Manifest, dsl: str, pins: dict[str, str]) -> Manifest:
+    """The manifest with the dsl's packages at the versions a stored kernel was built with (its headers
+    and its content hash are then those of that version)."""
+    spec = manifest.dsl(dsl)
+    packages = {
+        name: pkg.model_copy(update={"version": pins.get(name, pkg.version)})
+        for name, pkg in spec.build.packages.items()
+    }
+    build = spec.build.model_copy(update={"packages": packages})
+    dsls = {**manifest.dsls, dsl: spec.model_copy(update={"build": build})}
+    return manifest.model_copy(update={"dsls": dsls})
 
 
 @app.command()
@@ -37,13 +65,19 @@ def measure(
         "", "--gpu", help="The GPU type the measurement was stored for (a label; shown in the output)."
     ),
     dsl: str | None = typer.Option(None, "--dsl", help="Default CROQQ_DSL (replay with backend=replay)."),
+    requires: list[str] = typer.Option(
+        [],
+        "--requires",
+        help="NAME==VERSION of a package whose headers the kernel was built with (a stored run_command "
+        "names each): another installed version is refused in one line; the build uses this one.",
+    ),
     gpu_index: int = typer.Option(0, "--gpu-index", help="Which GPU of this host (simulated without NVML)."),
 ) -> None:
     """Build one candidate (knobs, or a source file) and measure it on one GPU of this host; print one
     JSON line (no cluster). Run in the results repo, `--source` reproduces a stored measurement."""
     from croqq.backends import backend_manifest, make_backend
     from croqq.backends._base import GpuContext
-    from croqq.backends.toolchain import knob_candidate, toolchain_id
+    from croqq.backends.toolchain import knob_candidate, require_package, toolchain_id
     from croqq.domain.knobs import seed_knobs, source_candidate
     from croqq.domain.shapes import parse_key
     from croqq.domain.source import SourceError, load_stored, read_file
@@ -53,6 +87,10 @@ def measure(
     manifest = backend_manifest(settings)  # with backend=replay: plus the replay dsl
     dsl = dsl or settings.dsl
     shape = parse_key(key)
+    pins = parse_pins(requires)
+    for name, version in pins.items():  # before any build: the stored kernel's own requirement
+        require_package(name, version, str(source) if source is not None else f"--requires {name}")
+    manifest = pinned(manifest, dsl, pins)
     if source is not None and knobs:
         raise ConfigError("--source and --knobs are exclusive: a source file sets its own knobs")
     if source is not None:

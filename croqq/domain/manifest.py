@@ -96,6 +96,11 @@ class BuildSpec(_Strict):
         "(one CUTLASS collective-builder instantiation takes minutes on a loaded 2-core host).",
     )
 
+    @property
+    def pins(self) -> list[str]:
+        """``name==version`` of each package the headers come from (sorted): what a stored kernel needs."""
+        return [f"{name}=={pkg.version}" for name, pkg in sorted(self.packages.items())]
+
 
 class Rule(_Strict):
     """A knob combination the hardware cannot run: ``require`` must hold (see croqq.domain.rules)."""

@@ -7,7 +7,7 @@ is the way back on a cold start (Redis lost): the loop resumes after the last st
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from croqq.delivery.state import ShapeState
 from croqq.domain import source as src
@@ -39,10 +39,13 @@ def _src_path(manifest: Manifest, state: ShapeState, iteration: int, tag: str) -
     return paths.RunPaths(state.gpu_type, state.dsl).src(state.key, iteration, tag, ext)
 
 
-def run_command(state: ShapeState, kernel: str) -> str:
+def run_command(state: ShapeState, kernel: str, pins: Sequence[str] = ()) -> str:
     """What reproduces a stored measurement: `croqq measure` on the stored source, run in the results
-    repo (results.tsv's run_command)."""
-    return f"croqq measure --gpu {state.gpu_type} --key {state.key} --source {kernel}"
+    repo (results.tsv's run_command), with the exact version of each package whose headers it was built
+    with (``pins``: ``name==version``; measure refuses another version in one line)."""
+    requires = "".join(f" --requires {pin}" for pin in pins)
+    where = f"--gpu {state.gpu_type} --key {state.key} --dsl {state.dsl}"
+    return f"croqq measure {where} --source {kernel}{requires}"
 
 
 # What a checkpoint keeps of the shape and of its loop, field for field (the loop's counters and best so far).
@@ -202,7 +205,7 @@ def store_request(
         bottleneck=loop.last_profile.bottleneck if loop.last_profile else "unknown",
         profile=profile,
         measure=measure,
-        run_command=run_command(state, kernel),
+        run_command=run_command(state, kernel, manifest.dsl(state.dsl).build.pins),
         gpu_uuid=measure.gpu_uuid or (state.gpu_uuid or ""),
         epoch=epoch,
         step_id=step_id,

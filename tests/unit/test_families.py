@@ -187,7 +187,7 @@ def test_a_different_version_of_the_package_is_refused_in_one_line_naming_the_on
     with pytest.raises(HostError) as err:
         package_includes(manifest.dsl("cutlass").build, "cutlass")
     assert str(err.value) == (
-        "dsl 'cutlass' needs nvidia-cutlass 4.2.0.0, this build host has 4.1.0: "
+        "dsl 'cutlass' needs nvidia-cutlass 4.2.0.0, this host has 4.1.0: "
         "pip install 'nvidia-cutlass==4.2.0.0'"
     )
 
