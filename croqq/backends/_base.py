@@ -24,13 +24,21 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from croqq import diskspace
+from croqq.backends.toolchain import package_includes, really_compiles
 from croqq.delivery.artifacts import ArtifactRef, ArtifactStore
 from croqq.domain.decide import needs_confirmation
 from croqq.domain.knobs import Candidate
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import BuildOutcome, Confirmation, Measurement, MeasureResult, Profile
 from croqq.domain.shapes import Shape
-from croqq.errors import ArtifactMissingError, ArtifactTooLargeError, InvalidRecordError
+from croqq.errors import (
+    ArtifactMissingError,
+    ArtifactTooLargeError,
+    ConfigError,
+    CroqqError,
+    HostError,
+    InvalidRecordError,
+)
 from croqq.probes._base import GpuProbe
 from croqq.settings import Settings
 
@@ -87,6 +95,20 @@ class Backend(ABC):
 
     def check_dsl(self, dsl: str) -> None:  # noqa: B027 (a hook: most backends tune every family)
         """Refuse (ConfigError, one line) a kernel family this backend cannot tune; every one by default."""
+
+    def build_problems(self) -> dict[str, CroqqError]:
+        """Why this host cannot build each kernel family it cannot: the backend does not tune it
+        (ConfigError), or a package its headers come from is missing or another version (HostError, when
+        it really compiles). A build worker consumes no other family's queue."""
+        problems: dict[str, CroqqError] = {}
+        for dsl in self.manifest.dsls:
+            try:
+                self.check_dsl(dsl)
+                if really_compiles(self.settings):
+                    package_includes(self.manifest.dsl(dsl).build, dsl)
+            except (ConfigError, HostError) as exc:
+                problems[dsl] = exc
+        return problems
 
     @abstractmethod
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:

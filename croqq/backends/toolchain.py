@@ -5,7 +5,8 @@ or counts as "already tried"). It is read once per process from ``<compiler> --v
 backend, unless it really compiles (``CROQQ_SIM_COMPILE=nvcc``), names itself ``sim``. A family whose
 headers come from an installed package (``build.packages``: CUTLASS's from ``nvidia-cutlass``) adds the
 package and its pinned version to that identity, and its include folders to the compile command; a build
-host without that exact version refuses with one line (a :class:`HostError`: the step goes to another host).
+host without that exact version refuses with one line (a :class:`HostError`): a build worker finds that at
+start-up and does not consume that family's queue (``Backend.build_problems``).
 """
 
 from __future__ import annotations

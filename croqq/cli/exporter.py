@@ -25,6 +25,7 @@ def exporter(
     depth, lease expiries, quarantines, writer commit latency, repo size, agent calls, tokens and cost.
     Keeps no state: run any number. With logins set, /metrics needs HTTP basic auth; /healthz never does.
     `croqq health --role exporter` is its container probe."""
+    from croqq.backends import backend_manifest
     from croqq.monitor.exporter import make_server_for, metrics_app
     from croqq.processes import health as hc
     from croqq.processes.boot import host_name
@@ -33,7 +34,8 @@ def exporter(
     configure(log_level)
     settings = load_settings()
     logins = require_logins(settings, "exporter", address)
-    server = make_server_for(address, port, metrics_app(hc.quick_client(settings), logins))
+    dsls = list(backend_manifest(settings).dsls)  # the build queue of each kernel family
+    server = make_server_for(address, port, metrics_app(hc.quick_client(settings), logins, dsls))
     serves = lambda: hc.http_problems(f"{local_url(address, port)}/healthz")  # noqa: E731
     hc.start_heartbeat(
         settings, hc.Reporter(settings, "exporter", f"exporter@{host_name()}", problems=serves)

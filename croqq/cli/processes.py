@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -13,12 +14,14 @@ import typer
 from croqq.cli import app, fail
 from croqq.cli.common import load_settings
 from croqq.delivery import queues
+from croqq.errors import ConfigError
 from croqq.logs import configure
 from croqq.settings import Settings
 
 if TYPE_CHECKING:
     from croqq.delivery.leases import Heartbeat
 
+log = logging.getLogger(__name__)
 LogLevel = typer.Option("INFO", "--log-level", help="DEBUG | INFO | WARNING | ERROR.")
 
 
@@ -35,18 +38,18 @@ def coordinator(log_level: str = LogLevel) -> None:
     from croqq.processes.boot import run_celery_worker
 
     _prepare(log_level)
-    run_celery_worker(load_settings(), "coordinator", queues.CONTROL, "solo", 1, log_level)
+    run_celery_worker(load_settings(), "coordinator", [queues.CONTROL], "solo", 1, log_level)
 
 
 def _shared_worker(
-    role: str, queue: str, pool: str, concurrency: int, log_level: str, jail_alarm: bool = False
+    role: str, names: list[str], pool: str, concurrency: int, log_level: str, jail_alarm: bool = False
 ) -> None:
+    """A worker of the shared queues ``names`` (the caller has run :func:`_prepare`)."""
     from croqq.processes.boot import run_celery_worker
 
-    _prepare(log_level)
     settings = load_settings()
     beats, on_exit = _jail_alarm(settings) if jail_alarm else (None, None)
-    run_celery_worker(settings, role, queue, pool, concurrency, log_level, extra_beats=beats, on_exit=on_exit)
+    run_celery_worker(settings, role, names, pool, concurrency, log_level, extra_beats=beats, on_exit=on_exit)
 
 
 def _jail_alarm(settings: Settings) -> tuple[Callable[[Heartbeat], None], Callable[[], None]]:
@@ -78,11 +81,24 @@ def build_worker(
     ),
     log_level: str = LogLevel,
 ) -> None:
-    """Run a build worker (queue `build`): materializes and compiles candidates. Run any number."""
+    """Run a build worker: materializes and compiles candidates. Run any number. It consumes the queue
+    `build.<dsl>` of each kernel family this host can build, and says in one line at start-up why it
+    takes none of another family's work (e.g. `nvidia-cutlass` missing or another version)."""
+    from croqq.backends import backend_manifest, make_backend
+
+    _prepare(log_level)
     settings = load_settings()
-    _shared_worker(
-        "build", queues.BUILD, settings.build_pool, concurrency or settings.build_concurrency, log_level
-    )
+    manifest = backend_manifest(settings)
+    problems = make_backend(settings, manifest).build_problems()
+    for dsl, exc in problems.items():
+        level = logging.INFO if isinstance(exc, ConfigError) else logging.ERROR  # by design / a host fault
+        log.log(level, "this build worker takes no work of dsl %r: %s", dsl, exc)
+    families = [dsl for dsl in manifest.dsls if dsl not in problems]
+    if not families:
+        fail("this host can build no kernel family: " + "; ".join(map(str, problems.values())), 2)
+    concurrency = concurrency or settings.build_concurrency
+    names = [queues.build_queue(dsl) for dsl in families]
+    _shared_worker("build", names, settings.build_pool, concurrency, log_level)
 
 
 @app.command("ideate-worker")
@@ -102,7 +118,8 @@ def ideate_worker(
     proposer = make_proposer(settings, load_manifest(settings.manifest))
     proposer.check_ready()
     concurrency = concurrency or settings.ideate_concurrency
-    _shared_worker("ideate", queues.IDEATE, "threads", concurrency, log_level, jail_alarm=proposer.is_agent)
+    _prepare(log_level)
+    _shared_worker("ideate", [queues.IDEATE], "threads", concurrency, log_level, jail_alarm=proposer.is_agent)
 
 
 @app.command()
@@ -115,7 +132,7 @@ def writer(log_level: str = LogLevel) -> None:
     run_celery_worker(
         settings,
         "writer",
-        queues.STORE,
+        [queues.STORE],
         "solo",
         1,
         log_level,

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from croqq.delivery import clock, grace, keys
 from croqq.delivery.messages import StepMessage
-from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE
+from croqq.delivery.queues import GPU_KINDS, SHARED_QUEUE, build_queue
 from croqq.delivery.redis_client import strs, text
 from croqq.delivery.state import ShapeState, release_gpu
 from croqq.domain.fsm import Phase
@@ -237,6 +237,8 @@ class Ledger:
                 release_gpu(pipe, state)
                 return None
             queue = gpu_queue
+        elif kind == "implement":
+            queue = build_queue(state.dsl)
         else:
             queue = SHARED_QUEUE[kind]
         state.step_seq += 1

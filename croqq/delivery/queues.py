@@ -1,7 +1,9 @@
 """Every queue name, and which queue each step kind goes to.
 
 control                 coordinator: submit, fill, reconcile
-build                   IMPLEMENT (materialize + compile)
+build.<dsl>             IMPLEMENT (materialize + compile) of one kernel family: a build worker consumes
+                        the queue of each family its host can build (one without that family's
+                        package takes none of its work, and nothing parks)
 ideate                  IDEATE (the proposer; rate-limited)
 store                   STORE (the single writer), and everything that reads the results repo
 gpu.<gpu uuid>          BASELINE, PROFILE, MEASURE on one GPU (one worker process per GPU)
@@ -12,13 +14,13 @@ from __future__ import annotations
 from typing import Literal
 
 CONTROL = "control"
-BUILD = "build"
+BUILD = "build"  # the prefix of every family's build queue
 IDEATE = "ideate"
 STORE = "store"
 
 StepKind = Literal["baseline", "profile", "ideate", "implement", "measure", "store"]
 GPU_KINDS: frozenset[str] = frozenset({"baseline", "profile", "measure"})
-SHARED_QUEUE: dict[str, str] = {"ideate": IDEATE, "implement": BUILD, "store": STORE}
+SHARED_QUEUE: dict[str, str] = {"ideate": IDEATE, "store": STORE}  # implement: build_queue(dsl)
 
 # Celery task names, one per queue family
 TASK_GPU = "croqq.step.gpu"
@@ -42,6 +44,11 @@ STEP_TASK: dict[str, str] = {
     "implement": TASK_BUILD,
     "store": TASK_STORE,
 }
+
+
+def build_queue(dsl: str) -> str:
+    """The IMPLEMENT steps of one kernel family (``build.cutlass``)."""
+    return f"{BUILD}.{dsl}"
 
 
 def gpu_queue(uuid: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -36,10 +36,10 @@ def _plain(
     return [body.encode()]
 
 
-def metrics_app(client: redis.Redis, logins: Logins) -> WsgiApp:
-    """The exporter's WSGI application."""
+def metrics_app(client: redis.Redis, logins: Logins, dsls: Sequence[str] = ()) -> WsgiApp:
+    """The exporter's WSGI application (``dsls``: the kernel families whose build queues it shows)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(client))
+    registry.register(ClusterCollector(client, dsls))
     metrics = make_wsgi_app(registry, disable_compression=False)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
@@ -82,8 +82,8 @@ class Reading:
     memory: RedisMemory | None = None
 
 
-def read(client: redis.Redis) -> Reading:
-    """Everything a scrape shows, in two pipelined round trips."""
+def read(client: redis.Redis, dsls: Sequence[str] = ()) -> Reading:
+    """Everything a scrape shows, in two pipelined round trips (the build queue of each of ``dsls``)."""
     pipe = client.pipeline(transaction=False)
     pipe.time()
     for key in (keys.SUMMARY, keys.STATS, keys.COMMIT_SECONDS, keys.COMPILE_SECONDS):
@@ -110,7 +110,7 @@ def read(client: redis.Redis) -> Reading:
     now = float(sec) + float(usec) / 1e6
     memory = RedisMemory.from_info(info)
     uuids, names = sorted(strs(uuid_set)), sorted(strs(agent_set))
-    names_of_queues = [queues.CONTROL, queues.BUILD, queues.IDEATE, queues.STORE]
+    names_of_queues = [queues.CONTROL, queues.IDEATE, queues.STORE, *map(queues.build_queue, dsls)]
     names_of_queues += [queues.gpu_queue(u) for u in uuids]
     for queue in names_of_queues:
         for name in broker_lists(queue):
@@ -275,7 +275,7 @@ def store_families(r: Reading) -> Iterator[Metric]:
     compiles = HistogramMetricFamily(
         "croqq_compile_seconds",
         "Build workers' compile time per kernel family (cached binaries and knob-rule refusals aside); "
-        "with croqq_queue_messages{queue='build'}, what to scale build workers on.",
+        "with croqq_queue_messages{queue='build.<dsl>'}, what to scale build workers on.",
         labels=["dsl"],
     )
     for dsl, (buckets, total) in stats.compile_histograms(r.compiles).items():
@@ -336,15 +336,17 @@ def families(r: Reading) -> Iterator[Metric]:
 
 
 class ClusterCollector(Collector):
-    """Reads the cluster's state from Redis at each scrape (a client that fails fast: see health)."""
+    """Reads the cluster's state from Redis at each scrape (a client that fails fast: see health); the
+    build queues are those of ``dsls``, the manifest's kernel families."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, dsls: Sequence[str] = ()) -> None:
         self.client = client
+        self.dsls = list(dsls)
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         try:
-            reading: Reading | None = read(self.client)
+            reading: Reading | None = read(self.client, self.dsls)
         except (redis.RedisError, OSError) as exc:
             log.warning("cannot read Redis for this scrape: %s", exc)
             reading = None

@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import redis
@@ -52,13 +52,13 @@ def host_name() -> str:
 
 
 def celery_argv(
-    queue: str, node_name: str, pool: str, concurrency: int, loglevel: str, prefetch: int = 1
+    queues: Sequence[str], node_name: str, pool: str, concurrency: int, loglevel: str, prefetch: int = 1
 ) -> list[str]:
     """A worker's Celery arguments; ``node_name`` is the whole ``name@host`` (see :mod:`naming`)."""
     return [
         "worker",
         "-Q",
-        queue,
+        ",".join(queues),
         "-n",
         node_name,
         "-P",
@@ -79,7 +79,7 @@ def celery_argv(
 def run_celery_worker(
     settings: Settings,
     role: str,
-    queue: str,
+    queues: Sequence[str],
     pool: str,
     concurrency: int,
     loglevel: str = "INFO",
@@ -108,7 +108,7 @@ def run_celery_worker(
         node_name = f"{node}@{host_name()}"
     os.environ[hosts.ENV_WORKER], os.environ[hosts.ENV_ROLE] = node_name, role  # for the pool children
     hosts.clear_stopped(client, role, host_name())
-    registry.register_worker(client, node_name, [queue], role)
+    registry.register_worker(client, node_name, list(queues), role)
     from croqq.processes.runtime import get_runtime
 
     reclaimed = get_runtime().ledger.reclaim_dead_local()
@@ -116,7 +116,7 @@ def run_celery_worker(
         log.warning("re-queued %d step(s) left running by dead processes of this host", reclaimed)
     hb = Heartbeat(settings.lease_ttl_s / 4, name=f"croqq-{role}-heartbeat", client=client)
     refused = threading.Event()
-    hb.add("worker", lambda: _beat_worker(client, node_name, queue, role))
+    hb.add("worker", lambda: _beat_worker(client, node_name, queues, role))
     hb.add("host", lambda: _stop_if_refused(client, node_name, refused))
     if lease is not None:
         hb.add("lease", lambda: _renew_or_die(lease, role))
@@ -129,12 +129,12 @@ def run_celery_worker(
     if on_start is not None:
         on_start()
     try:
-        app.worker_main(celery_argv(queue, node_name, pool, concurrency, loglevel, prefetch))
+        app.worker_main(celery_argv(queues, node_name, pool, concurrency, loglevel, prefetch))
     finally:
         if on_exit is not None:
             on_exit()
         hb.stop()
-        _forget_worker(client, node_name, queue)
+        _forget_worker(client, node_name, queues)
         if name_lease is not None:
             name_lease.release()
         if lease is not None:
@@ -143,13 +143,13 @@ def run_celery_worker(
             raise SystemExit(EXIT_CONFIG)
 
 
-def _forget_worker(client: redis.Redis, node: str, queue: str) -> None:
+def _forget_worker(client: redis.Redis, node: str, queues: Sequence[str]) -> None:
     """The consumer has stopped: unregister, and mark its queue reset. A message that Redis handed over
     while the worker shut down is dropped by Celery (a BRPOP answer left unread), so
     housekeeping re-publishes the steps queued before now; a duplicate is dropped at claim."""
     try:
         registry.unregister_worker(client, node)
-        registry.mark_queues_reset(client, [queue])
+        registry.mark_queues_reset(client, list(queues))
     except redis.RedisError as exc:  # Redis away: the registry's TTL forgets the worker, reaping marks it
         log.warning("could not unregister %s: %s", node, exc)
 
@@ -166,7 +166,7 @@ def _stop_if_refused(client: redis.Redis, label: str, refused: threading.Event) 
     os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
 
 
-def _beat_worker(client: redis.Redis, node: str, queue: str, role: str) -> None:
+def _beat_worker(client: redis.Redis, node: str, queues: Sequence[str], role: str) -> None:
     """Beat into the worker registry; a Redis that forgot this worker (flushed, restored from an older
     snapshot) also forgot its queue's binding: declare it again, and have housekeeping re-publish the
     steps queued meanwhile."""
@@ -176,11 +176,12 @@ def _beat_worker(client: redis.Redis, node: str, queue: str, role: str) -> None:
     from croqq.processes.app import declare_queue
 
     log.warning(  # it restarted or was flushed, or was full for longer than the registry's TTL
-        "Redis no longer knows worker %s: declaring queue %s again", node, queue
+        "Redis no longer knows worker %s: declaring queue(s) %s again", node, ",".join(queues)
     )
-    declare_queue(queue)
-    registry.register_worker(client, node, [queue], role)
-    registry.mark_queues_reset(client, [queue])
+    for queue in queues:
+        declare_queue(queue)
+    registry.register_worker(client, node, list(queues), role)
+    registry.mark_queues_reset(client, list(queues))
 
 
 def _renew_or_die(lease: Lease, role: str) -> None:
@@ -209,7 +210,7 @@ def run_gpu_worker(settings: Settings, uuid: str, index: int, gpu_type: str, log
         run_celery_worker(
             settings,
             "gpu",
-            entry.queue,
+            [entry.queue],
             "prefork",
             1,
             loglevel,

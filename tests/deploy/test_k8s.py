@@ -270,8 +270,10 @@ def test_the_exporter_has_an_annotated_service_and_its_basic_auth_from_a_secret(
     }
 
 
-def test_build_workers_scale_on_the_build_queue_that_the_exporter_publishes() -> None:
+def test_build_workers_scale_on_the_build_queues_that_the_exporter_publishes() -> None:
     from croqq.delivery import queues
+    from croqq.domain.manifest import load_manifest
+    from croqq.settings import Settings
 
     (hpa,) = [d for d in resources() if d["kind"] == "HorizontalPodAutoscaler"]
     target = hpa["spec"]["scaleTargetRef"]
@@ -281,6 +283,9 @@ def test_build_workers_scale_on_the_build_queue_that_the_exporter_publishes() ->
     ) and "build-worker" in workloads()
     (metric,) = hpa["spec"]["metrics"]  # the exporter's series (tests/unit/test_metrics.py reads it)
     assert metric["external"]["metric"]["name"] == "croqq_queue_messages"
-    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": queues.BUILD}
+    (match,) = metric["external"]["metric"]["selector"]["matchExpressions"]
+    dsls = load_manifest(Settings().manifest).dsls  # every family's queue: none left out of the sum
+    assert (match["key"], match["operator"]) == ("queue", "In")
+    assert sorted(match["values"]) == sorted(map(queues.build_queue, dsls))
     replicas = workloads()["build-worker"]["spec"]["replicas"]
     assert hpa["spec"]["minReplicas"] <= replicas <= hpa["spec"]["maxReplicas"]

@@ -16,7 +16,7 @@ import pytest
 from croqq.chaos.invariants import iteration_commits, repo_problems
 from croqq.delivery import keys
 from croqq.delivery.ledger import Ledger
-from croqq.delivery.queues import BUILD, TASK_BUILD
+from croqq.delivery.queues import TASK_BUILD, build_queue
 from croqq.delivery.redis_client import strs, text
 from croqq.patience import wait_until
 from croqq.processes.app import make_app
@@ -166,11 +166,11 @@ def test_a_payload_that_fails_validation_is_logged_and_dropped(cluster_env: dict
 
     with LocalCluster(cluster_env, roles=roles) as cluster:
         celery = make_app(cluster.settings)
-        celery.send_task(TASK_BUILD, args=[{"step_id": 5, "epoch": -1}], queue=BUILD)
+        celery.send_task(TASK_BUILD, args=[{"step_id": 5, "epoch": -1}], queue=build_queue("cuda"))
         wait_until(lambda: cluster.client.hget(keys.STATS, "rejected"), 180, "the build worker to reject it")
         wait_until(logged, 60, f"{line!r} in {log}")
         assert cluster.client.hget(keys.STATS, "rejected") == "1"
-        assert cluster.client.llen(BUILD) == 0
+        assert cluster.client.llen(build_queue("cuda")) == 0
 
 
 def test_a_second_writer_refuses_to_start(cluster_env: dict[str, str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import redis
 
 from croqq.delivery import clock, keys
 from croqq.delivery.ledger import Ledger, StepRecord, StepStatus
-from croqq.delivery.queues import BUILD
+from croqq.delivery.queues import build_queue
 from croqq.delivery.redis_client import strs
 from croqq.patience import wait_until
 from croqq.processes.local import LocalCluster
@@ -115,11 +116,19 @@ def test_a_worker_that_stops_has_the_steps_queued_for_it_published_again(
 
         def consuming() -> bool:
             assert worker.poll() is None, "the build worker exited"
-            return bool(redis_client.exists(keys.queue_reset(BUILD)) and redis_client.zcard(keys.WORKERS))
+            return bool(
+                redis_client.exists(keys.queue_reset(build_queue("cuda")))
+                and redis_client.zcard(keys.WORKERS)
+            )
 
         wait_until(consuming, 180, "the build worker to start consuming")
         step = StepRecord(
-            step_id="s#1", sid="s", kind="implement", epoch=0, status=StepStatus.QUEUED, queue=BUILD
+            step_id="s#1",
+            sid="s",
+            kind="implement",
+            epoch=0,
+            status=StepStatus.QUEUED,
+            queue=build_queue("cuda"),
         )
         redis_client.hset(keys.step(step.step_id), mapping={k: str(v) for k, v in step.model_dump().items()})
         redis_client.zadd(keys.QUEUED, {step.step_id: clock.now(redis_client)})  # its message: dropped
@@ -134,3 +143,34 @@ def test_a_worker_that_stops_has_the_steps_queued_for_it_published_again(
     assert housekeeping.republish_after_resets(rt) == 1
     assert [s.step_id for s in published] == ["s#1"]
     assert redis_client.zcard(keys.WORKERS) == 0  # and it left the registry
+
+
+def test_a_build_host_with_another_cutlass_takes_no_cutlass_work_and_still_builds_the_other_family(
+    cluster_env: dict[str, str], redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"  # an older nvidia-cutlass, found before the installed one
+    info = site / "nvidia_cutlass-4.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-cutlass\nVersion: 4.1.0\n")
+    log = tmp_path / "build.log"
+    env = os.environ | cluster_env | {"CROQQ_BACKEND": "cuda", "PYTHONPATH": str(site)}
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "croqq", "build-worker"], env=env, cwd=ROOT, stdout=out, stderr=out
+        )
+    try:
+        wait_until(
+            lambda: worker.poll() is not None or registered(redis_client, worker.pid), 180, "it starts"
+        )
+        assert worker.poll() is None, log.read_text()  # it runs: a host problem would stop it
+        (node,) = strs(redis_client.zrange(keys.WORKERS, 0, -1))
+        assert json.loads(redis_client.hget(keys.worker(node), "queues")) == [build_queue("cuda")]
+        assert hosts.all_problems(redis_client) == []
+    finally:
+        worker.terminate()
+        worker.wait(timeout=120)
+    lines = [line for line in log.read_text().splitlines() if "takes no work" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        "this build worker takes no work of dsl 'cutlass': dsl 'cutlass' needs nvidia-cutlass 4.2.0.0, "
+        "this host has 4.1.0: pip install 'nvidia-cutlass==4.2.0.0'"
+    ), log.read_text()

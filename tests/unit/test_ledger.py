@@ -74,7 +74,7 @@ class Cluster:
 def baseline_step(cluster: Cluster) -> StepRecord:
     """Build the next published seed (an IMPLEMENT on the build queue) and return its BASELINE step."""
     build = cluster.take()
-    assert build.kind == "implement" and build.queue == "build"
+    assert build.kind == "implement" and build.queue == "build.cuda"
     cluster.ledger.claim(build.step_id, 0, "builder", build.kind, build.sid)
     cluster.ledger.complete(build.step_id, 0, "builder", Built(build=BuildOutcome(ok=True, artifact="seed")))
     step = cluster.published.pop()
@@ -97,7 +97,7 @@ def test_submit_fills_gpu_up_to_pipeline_depth(cluster: Cluster) -> None:
     sids = cluster.submit(5)
     assert len(sids) == 5
     assert cluster.client.scard(keys.active("GPU-a")) == 2
-    assert [(r.kind, r.queue) for r in cluster.published] == [("implement", "build")] * 2
+    assert [(r.kind, r.queue) for r in cluster.published] == [("implement", "build.cuda")] * 2
     assert baseline_step(cluster).queue == "gpu.h.GPU-a"
     assert cluster.client.zcard(keys.pending(GPU_TYPE)) == 3
 

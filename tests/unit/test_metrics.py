@@ -117,7 +117,7 @@ def serve(redis_client: redis.Redis) -> Iterator[Serve]:
     servers = []
 
     def start(logins: Logins = Logins(())) -> str:
-        server = make_server_for("127.0.0.1", 0, metrics_app(redis_client, logins))
+        server = make_server_for("127.0.0.1", 0, metrics_app(redis_client, logins, ["cuda", "cutlass"]))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_port}"
@@ -157,6 +157,7 @@ def test_metrics_show_what_the_cluster_recorded(
     agents.record_call(redis_client, "claude", idea, fleet.settings)
     agents.record_call(redis_client, "claude", idea, fleet.settings)
     publish(redis_server, queues.gpu_queue("GPU-b"), [0, 5, 9])
+    publish(redis_server, queues.build_queue("cutlass"), [0, 0])
     fleet.placement.quarantine("GPU-a", "XID 79")
 
     m = scrape(serve() + "/metrics")
@@ -168,7 +169,8 @@ def test_metrics_show_what_the_cluster_recorded(
     assert value(m, "croqq_queue_messages", queue="gpu.GPU-b") == 3  # three priority lists, summed
     assert value(m, "croqq_queue_messages", queue="gpu.GPU-a") == 0
     assert value(m, "croqq_queue_messages", queue="store") == 0
-    assert value(m, "croqq_queue_messages", queue="build") == 0  # what k8s scales build workers on
+    assert value(m, "croqq_queue_messages", queue="build.cutlass") == 2  # what k8s scales build workers on
+    assert value(m, "croqq_queue_messages", queue="build.cuda") == 0
     assert value(m, "croqq_gpu_state", gpu="GPU-a", state="quarantined") == 1
     assert value(m, "croqq_gpu_state", gpu="GPU-a", state="healthy") == 0
     assert value(m, "croqq_gpu_state", gpu="GPU-b", state="healthy") == 1
