@@ -45,9 +45,11 @@ def fixture_agent(script: str, *args: object, **kw: object) -> Settings:
     return settings(agent="command", agent_command=" ".join(words), **kw)
 
 
-def context(phase: str = "knobs", tried: list[str] | None = None) -> ProposeContext:
-    knobs = seed_knobs(MANIFEST, "cuda", "f16", "reference")
-    best = knob_candidate(MANIFEST, Settings(), "cuda", SHAPE, knobs)
+def context(
+    phase: str = "knobs", tried: list[str] | None = None, dsl: str = "cuda", iteration: int = 2
+) -> ProposeContext:
+    knobs = seed_knobs(MANIFEST, dsl, "f16", "reference")
+    best = knob_candidate(MANIFEST, Settings(), dsl, SHAPE, knobs)
     history = [
         HistoryEntry(iteration=0, summary="baseline (seed kernel)", decision="BASELINE", tflops=400.0),
         HistoryEntry(
@@ -56,10 +58,10 @@ def context(phase: str = "knobs", tried: list[str] | None = None) -> ProposeCont
     ]
     return ProposeContext(
         shape=SHAPE,
-        dsl="cuda",
+        dsl=dsl,
         gpu_type="sm90_Simulated_H100_SXM",
-        iteration=2,
-        knob_space=MANIFEST.dsl("cuda").knobs,
+        iteration=iteration,
+        knob_space=MANIFEST.dsl(dsl).knobs,
         best_knobs=knobs,
         best_source=best.source,
         best_tflops=400.0,

@@ -5,12 +5,14 @@ control plane runs on a laptop and in CI. The performance model is :mod:`croqq.b
 module adds what a real backend's caller sees, judging a candidate source by what is in it:
 
 - **build** reads the knob values from the source's ``#define`` lines; a missing or out-of-space knob, or a
-  set that breaks the model's sm_90a rules, is a compile error worded as nvcc would. The rest of the source
-  (its *structure*, :func:`croqq.domain.source.structure`) is compared with the template's rendering of
-  the same knobs: a pure knob candidate keeps the knob set's own hash-chosen fate (``COMPILE_FLAKE_RATE``,
-  ``RUNTIME_FAULT_RATE``); a structural edit draws its fate from the hash of its structure
-  (``STRUCTURAL_OUTCOMES``). Seed kernels never fail, and the same source always gets the same fate. The
-  artifact (knobs, hash, factor, fault) goes through the artifact store, as a real binary does.
+  set that breaks the model's sm_90a rules, is a compile error worded as nvcc would, marked
+  ``simulated nvcc:`` (as is every error the model makes up; a real compiler's is left as it is). The
+  rest of the source (its *structure*, :func:`croqq.domain.source.structure`) is compared with the
+  template's rendering of the same knobs: a pure knob candidate keeps the knob set's own hash-chosen
+  fate (``COMPILE_FLAKE_RATE``, ``RUNTIME_FAULT_RATE``); a structural edit draws its fate from the hash
+  of its structure (``STRUCTURAL_OUTCOMES``). Seed kernels never fail, and the same source always gets
+  the same fate. The artifact (knobs, hash, factor, fault) goes through the artifact store, as a real
+  binary does.
   ``CROQQ_SIM_COMPILE=nvcc`` compiles the candidate for real and lets the compiler judge it.
 - **measure** times each artifact as the model's TFLOPS x the structural factor, with noise seeded by
   (shape key, content hash, times measured), so a run is reproducible and repeated measures still differ;
@@ -75,6 +77,7 @@ STRUCTURAL_OUTCOMES: tuple[tuple[float, str], ...] = (
     (0.225, "win"),
     (1.0, "loss"),
 )
+SIMULATED = "simulated nvcc: "  # what starts every compile error the model makes up
 WIN_FACTORS = (1.005, 1.06)
 LOSS_FACTORS = (0.90, 0.995)
 MISCOMPILES = (
@@ -257,9 +260,10 @@ class SimBackend(Backend):
         seconds = max(0.001, round(time.monotonic() - started, 3))  # a build ran (0 means none: cached)
         log_text = f"$ {command}\n{text}"
         if effect.error is not None:
-            log.info("sim build %s %s failed: %s", shape.key, candidate.short_hash, effect.error)
-            log_text += "" if text else f"{effect.error}\n"
-            return BuildOutcome(ok=False, reason=effect.error, log=log_text, seconds=seconds)
+            reason = effect.error if text else SIMULATED + effect.error  # text: a real compiler's own
+            log.info("sim build %s %s failed: %s", shape.key, candidate.short_hash, reason)
+            log_text += "" if text else f"{reason}\n"
+            return BuildOutcome(ok=False, reason=reason, log=log_text, seconds=seconds)
         art = SimArtifact(
             dsl=candidate.dsl,
             key=shape.key,

@@ -69,6 +69,14 @@ KERNEL = "__global__ void k(float* out) {{\n  {}\n}}\n"  # line 2 of the body is
         ("main", "\nint main(int argc, char** argv) { return 0; }\n", 2),
         ("reference-read", KERNEL.format("croqq_reference_gemm<__half><<<1, 1>>>(a, b, c);"), 2),
         ("reference-read", '\nvoid* lib = dlopen("libcublasLt.so", 2);\n', 2),
+        ("reference-read", "\n#include <cutlass/util/reference/device/gemm.h>\n", 2),
+        ("reference-read", "\ncutlass::reference::device::Gemm<A, B, C, float, float> ref;\n", 2),
+        (
+            "reference-read",
+            "\nusing namespace cutlass;\nreference::host::Gemm<A, B, C, float, float> g;\n",
+            3,
+        ),
+        ("reference-read", "\ncutlass::library::Handle handle;\n", 2),
         ("device-reset", "\nvoid reset() { cudaDeviceReset(); }\n", 2),
         ("foreign-memory", "\nvoid grab() { void* p; cudaMalloc(&p, 1 << 20); }\n", 2),
         ("foreign-memory", "\n__device__ int counter;\n", 2),
@@ -95,8 +103,15 @@ def test_each_rule_catches_its_offender(rule: str, body: str, line: int) -> None
 
 def test_messages_say_what_and_how() -> None:
     [timing] = findings("\ncudaEventElapsedTime(&ms, a, b);\n")
-    assert "cudaEventElapsedTime" in timing.message
+    assert "host-side timing (cudaEventElapsedTime)" in timing.message
     assert "the harness times the kernel" in timing.message
+    [clock] = findings(KERNEL.format("long long t = clock64(); out[0] = t;"))
+    assert "a clock read (clock64) is not allowed, in a kernel or on the host" in clock.message
+    assert "host-side" not in clock.message  # it is read on the device
+    [ptx] = findings(KERNEL.format('long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));'))
+    assert "a clock read (%%globaltimer)" in ptx.message
+    [gemm] = findings("\ncutlass::reference::device::Gemm<A, B, C, float, float> ref;\n")
+    assert "a GEMM that is not the candidate's own (cutlass::reference)" in gemm.message
     [unknown] = findings('\n#include "nothere.cuh"\n')
     assert "gemm_f16.cuh" in unknown.message
 

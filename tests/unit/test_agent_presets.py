@@ -172,7 +172,7 @@ def test_preset_for_command_splits_like_a_shell_and_substitutes_only_present_pla
             agent_command="""my-agent --dir {workspace} --note 'a b' "x y" '{"k": 1}'""",
         )
     )
-    assert preset.name == "command" and preset.output == "text" and preset.env == ()
+    assert preset.name == "command" and preset.output == "command" and preset.env == ()
     assert preset.command(PROMPT, WS, "sonnet", PROMPT_FILE) == [
         "my-agent",
         "--dir",
@@ -182,6 +182,21 @@ def test_preset_for_command_splits_like_a_shell_and_substitutes_only_present_pla
         "x y",
         '{"k": 1}',
     ]
+
+
+def test_a_command_agent_reports_usage_in_a_result_line_or_prints_plain_text() -> None:
+    preset = preset_for(Settings(proposer="agent", agent="command", agent_command="my-agent"))
+    line = (
+        '{"type": "result", "subtype": "success", "num_turns": 3, "total_cost_usd": 0.02,'
+        ' "usage": {"input_tokens": 900, "output_tokens": 200}}'
+    )
+    report = preset.parse(run(f"thinking...\n{line}\n"))
+    assert report.ok and (report.turns, report.input_tokens, report.output_tokens) == (3, 900, 200)
+    assert report.cost_usd == 0.02
+    plain = preset.parse(run("wrote candidate.cu\n"))
+    assert plain.ok and plain.turns is None and plain.cost_usd is None
+    failed = preset.parse(run('{"type": "result", "is_error": true, "result": "no idea left"}\n'))
+    assert not failed.ok and failed.error == "command reported failure: no idea left"
 
 
 def test_preset_for_command_optional_group() -> None:

@@ -8,7 +8,9 @@ but not the measurement. Each finding is one line saying what to fix; the rules:
   resolve (``#include MACRO``, ``#include_next``, ``#import``).
 - ``host-timing``: no clock read or timing of any kind, host or device, inline PTX included.
 - ``harness-call``, ``main``: nothing of the timing harness, no ``main`` (harness.cuh provides it).
-- ``reference-read``: not the verification reference or the vendor library it verifies against.
+- ``reference-read``: not the verification reference or the vendor library it verifies against, nor a
+  GEMM that is not the candidate's own (CUTLASS's reference GEMMs, ``cutlass/util/reference/``, and its
+  library of prebuilt kernels, ``cutlass::library``).
 - ``device-reset``: no device or context control.
 - ``foreign-memory``: no allocations, copies, managed or writable global variables, or integer-to-pointer
   casts: it writes only through the pointers the harness passes. ``cudaMemset*`` on the launch's
@@ -60,11 +62,15 @@ class Finding:
     message: str  # one line: "line N: what is wrong: how to fix it"
 
 
-_TIMING = "host-side timing or clock read ({tok}) is not allowed: the harness times the kernel; remove it"
+_TIMING = "host-side timing ({tok}) is not allowed: the harness times the kernel; remove it"
+_CLOCK = (
+    "a clock read ({tok}) is not allowed, in a kernel or on the host: the harness times the kernel; remove it"
+)
 _HARNESS = "call into the timing harness ({tok}) is not allowed: the harness calls launch(); leave it alone"
 _MAIN = "defining main ({tok}) is not allowed: harness.cuh provides main(); define launch() only"
 _NO_MAIN = "turning off the harness's main ({tok}) is not allowed: the harness runs and times the candidate"
 _REFERENCE = "reading the verification reference ({tok}) is not allowed: compute C from the operands"
+_OTHER_GEMM = "a GEMM that is not the candidate's own ({tok}) is not allowed: compute C in your kernel"
 _RESET = "device control ({tok}) is not allowed: the harness owns the device and its context"
 _ALLOC = (
     "memory of its own ({tok}) is not allowed: write only through the Operands the harness passes "
@@ -83,8 +89,9 @@ _CODE: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
     for rule, pattern, message in (
         ("host-timing", r"\bcu(?:da)?Event\w*", _TIMING),
         ("host-timing", r"\bchrono\b", _TIMING),
-        ("host-timing", r"\b(?:clock(?:64|_gettime)?|gettimeofday|time|timespec_get)(?=\s*\()", _TIMING),
-        ("host-timing", r"\b(?:__)?rdtscp?\b|\bQueryPerformanceCounter\b|\b\w*globaltimer\w*", _TIMING),
+        ("host-timing", r"\b(?:clock_gettime|gettimeofday|time|timespec_get)(?=\s*\()", _TIMING),
+        ("host-timing", r"\b(?:clock(?:64)?)(?=\s*\()|\b\w*globaltimer\w*", _CLOCK),
+        ("host-timing", r"\b(?:__)?rdtscp?\b|\bQueryPerformanceCounter\b", _TIMING),
         ("harness-call", r"\bcroqq\s*::\s*harness\b|\bharness\s*::|\bnamespace\s+harness\b", _HARNESS),
         ("harness-call", r"\b(?:main_impl|croqq_fill_\w*|croqq_compare|CROQQ_CHECK|fail_cuda)\b", _HARNESS),
         ("main", r"(?<![\w.>:])main(?=\s*\()", _MAIN),
@@ -93,6 +100,12 @@ _CODE: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
             "reference-read",
             r"\b(?:croqq_reference_gemm|[cC][uU][bB][lL][aA][sS]\w*|dl(?:m?open|v?sym))\b",
             _REFERENCE,
+        ),
+        (
+            "reference-read",
+            r"\bcutlass\s*::\s*(?:reference|library)\b|\breference\s*::\s*(?:device|host)\b"
+            r"|\bcutlass/(?:util/reference|library)/[\w./]*",
+            _OTHER_GEMM,
         ),
         ("device-reset", r"\bcudaDeviceReset\b|\bcudaSetDevice\w*|\bcu(?:DevicePrimaryCtx|Ctx)\w*", _RESET),
         (
@@ -130,12 +143,14 @@ _TRIGGERS: tuple[tuple[str, ...], ...] = (
     ("event",),
     ("chrono",),
     ("clock", "gettimeofday", "time"),
-    ("rdtsc", "queryperformancecounter", "globaltimer"),
+    ("clock", "globaltimer"),
+    ("rdtsc", "queryperformancecounter"),
     ("harness",),
     ("main_impl", "croqq_fill_", "croqq_compare", "croqq_check", "fail_cuda"),
     ("main",),
     ("croqq_no_main",),
     ("croqq_reference_gemm", "cublas", "dlopen", "dlmopen", "dlsym", "dlvsym"),
+    ("reference", "library"),
     ("cudadevicereset", "cudasetdevice", "cudeviceprimaryctx", "cuctx"),
     ("cuda", "cumem", "alloc", "free", "mmap", "new"),
     ("cudamemset",),
@@ -145,7 +160,8 @@ _TRIGGERS: tuple[tuple[str, ...], ...] = (
 )
 assert len(_TRIGGERS) == len(_CODE)
 _ASM: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("host-timing", re.compile(r"%+(?:globaltimer\w*|clock(?:64)?)\b|\brdtscp?\b"), _TIMING),
+    ("host-timing", re.compile(r"%+(?:globaltimer\w*|clock(?:64)?)\b"), _CLOCK),
+    ("host-timing", re.compile(r"\brdtscp?\b"), _TIMING),
 )
 _DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(?:include|import)\w*\b[^\n]*", re.MULTILINE)
 
@@ -207,7 +223,7 @@ def check_source(text: str, resolver: HeaderResolver, name: str = "candidate.cu"
     uncommented = source.strip_comments(text)  # comments keep their newlines: lines stay right
     code = source.strip_comments(text, strings=True)
     found = _include_findings(uncommented, resolver)
-    for view, rules, triggers in ((code, _CODE, _TRIGGERS), (uncommented, _ASM, ((),))):
+    for view, rules, triggers in ((code, _CODE, _TRIGGERS), (uncommented, _ASM, ((),) * len(_ASM))):
         line_of = _liner(view)
         low = view.lower()
         for (rule, pattern, message), words in zip(rules, triggers, strict=True):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from croqq.domain.manifest import Rule
 from croqq.domain.records import Strategy, TuningPhase
 
 TASK = "TASK.md"
@@ -57,6 +58,19 @@ class NeighbourEntry(BaseModel):
     reason: str
 
 
+class FamilyLayout(BaseModel):
+    """How a candidate of this family takes the kernel into its own file (a structural edit): replace
+    ``#include "<header>"`` by ``#define <define> 1``, the text of ``include/<kernel>`` without its
+    ``#pragma once``, then ``#include`` each of ``after``, in order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    header: str  # what best.cu includes after its knob macros, e.g. cutlass_f16.cuh
+    define: str  # e.g. CROQQ_F16
+    kernel: str  # the header whose text becomes the candidate's own, e.g. cutlass_sm90.cuh
+    after: list[str]  # still included after it, e.g. ["cutlass_run.cuh", "harness.cuh"]
+
+
 class WorkspaceContext(BaseModel):
     """context.json."""
 
@@ -83,8 +97,10 @@ class WorkspaceContext(BaseModel):
     phase_reason: str
     bottleneck: str
     profile_metrics: dict[str, float]
-    knob_space: dict[str, list[int]]
+    knob_space: dict[str, list[int]]  # every knob must be #defined by the candidate, to one of these
+    rules: list[Rule] = []  # knob combinations the hardware cannot run: refused before any compile
     best_knobs: dict[str, int]
+    family: FamilyLayout | None = None  # None: the family header includes no kernel header
     headers: list[str]  # what a candidate may include with quotes
     build_command: str
     neighbours: list[NeighbourEntry] = []  # nearest first

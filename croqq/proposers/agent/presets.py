@@ -292,6 +292,14 @@ def _parse_text(stdout: str) -> _Parsed:
     return _Parsed()
 
 
+def _parse_command(stdout: str) -> _Parsed:
+    """A ``command`` agent: plain text, unless it printed a result object as claude's JSON does (a line
+    ``{"type": "result", "num_turns": 3, "usage": {"input_tokens": 900, "output_tokens": 200},
+    "total_cost_usd": 0.02}``): then its turns, tokens and cost are the call's (and ``is_error`` or a
+    ``subtype`` other than ``success`` fails it)."""
+    return _parse_result_json(stdout) or _Parsed()
+
+
 _PARSERS: Mapping[str, Callable[[str], _Parsed | None]] = MappingProxyType(
     {
         "claude-json": _parse_result_json,
@@ -301,6 +309,7 @@ _PARSERS: Mapping[str, Callable[[str], _Parsed | None]] = MappingProxyType(
         "gemini-json": _parse_gemini_json,
         "aider-text": _parse_aider_text,
         "text": _parse_text,
+        "command": _parse_command,
     }
 )
 
@@ -398,7 +407,7 @@ def preset_for(settings: Settings) -> Preset:
             ) from None
         if not words:
             raise ConfigError("CROQQ_AGENT=command needs CROQQ_AGENT_COMMAND (the agent command to run)")
-        preset = Preset("command", words[0], tuple(words[1:]), (), PRESETS["scripted"].exit_codes, "text")
+        preset = Preset("command", words[0], tuple(words[1:]), (), PRESETS["scripted"].exit_codes, "command")
     else:
         preset = PRESETS[settings.agent]
     extra = [name.strip() for name in settings.agent_env.split(",") if name.strip()]

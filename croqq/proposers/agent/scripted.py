@@ -12,11 +12,13 @@ the same workspace gives the same answer.
   leaning towards the moves the profile's bottleneck suggests and staying inside the shared-memory and
   register envelope; nothing else changes.
 - phases ``structural``, ``micro``, ``regenerate``: first *take ownership* of the kernel (the family
-  include becomes the family's define, gemm_core.cuh's text and ``#include "harness.cuh"``), then one
-  structural edit not listed in ideas.md when avoidable: an unroll factor, the __launch_bounds__ minimum
-  of resident CTAs, the CTA raster order, the cp.async wait depth; the profile's bottleneck favours some
-  kinds (``micro`` more strongly). ``regenerate`` may add a three-knob jump. About 8% of the edits come
-  out broken (a typo'd identifier, a missing semicolon: :data:`BROKEN`) and really fail nvcc.
+  include becomes the family's define, the text of the kernel header it includes first, gemm_core.cuh
+  or cutlass_sm90.cuh, and its other includes), then one structural edit not listed in ideas.md when
+  avoidable: an unroll factor, the __launch_bounds__ minimum of resident CTAs, the CTA raster order, the
+  cp.async wait depth (cuda); the epilogue schedule, the shared memory the automatic stage count leaves
+  out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly). ``regenerate``
+  may add a three-knob jump. About 8% of the edits come out broken (a typo'd identifier, a missing
+  semicolon: :data:`BROKEN`) and really fail nvcc.
 
 Tests only: ``CROQQ_SCRIPTED_MISBEHAVE=<name>`` does the wrong thing :data:`MISBEHAVIOURS` names instead
 (``CROQQ_SCRIPTED_TARGET``: where ``symlink`` points).
@@ -38,7 +40,7 @@ from typing import Any, NoReturn
 
 BEST, CONTEXT, IDEAS, INCLUDE = "best.cu", "context.json", "ideas.md", "include"  # as in contract.py
 CANDIDATE, SUMMARY = "candidate.cu", "SUMMARY.txt"
-CORE, HARNESS = "gemm_core.cuh", "harness.cuh"
+HARNESS = "harness.cuh"
 BROKEN_RATE = 0.08
 JUMP_RATE = 0.5  # regenerate: the share of edits that also jump three knobs
 SMEM_BYTES, MAX_ACC_REGS, MIN_WARP_N = 227 * 1024, 256, 32
@@ -60,6 +62,7 @@ BROKEN = (  # (correct text, the slip): the first occurrence is replaced
     ("cp_async_wait<", "cp_async_wiat<"),
     ("const int next = it + STAGES - 1;\n", "const int next = it + STAGES - 1\n"),
     ("tile_coords(blockIdx.x, tile_m, tile_n);", "tile_coord(blockIdx.x, tile_m, tile_n);"),
+    ("GemmUniversalAdapter<Kernel>;", "GemmUniversalAdapter<Kernel>"),  # cutlass
 )
 SWAPS = (  # (kind, text, replacement, the idea in words): edits of one spelled-out site
     (
@@ -92,6 +95,22 @@ SWAPS = (  # (kind, text, replacement, the idea in words): edits of one spelled-
         "const int minor = (group & 1) ? kMinor - 1 - in_group / size : in_group / size;",
         "walk alternate raster groups backwards (serpentine) so neighbouring groups share panels",
     ),
+    (  # the cutlass family (cutlass_sm90.cuh)
+        "epilogue",
+        "using EpiSchedule = std::conditional_t<SCHEDULE == 0, "
+        "cutlass::epilogue::TmaWarpSpecializedCooperative,\n"
+        "                                       cutlass::epilogue::TmaWarpSpecialized>;",
+        "using EpiSchedule = cutlass::epilogue::NoSmemWarpSpecialized;",
+        "store C straight from the accumulators (NoSmemWarpSpecialized epilogue, no TMA store) so the "
+        "epilogue's shared memory goes to mainloop stages",
+    ),
+    (
+        "pipeline",
+        "StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>",
+        "StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage)) + 32 * 1024>",
+        "keep 32 KiB of shared memory out of the automatic stage count (one mainloop stage fewer, "
+        "more L1 for the epilogue)",
+    ),
 )
 RASTER_GROUPS = (  # tile_coords' group size (SWIZZLE) -> another expression, and the idea in words
     ("(2 * SWIZZLE)", "raster the CTAs in groups of 2*SWIZZLE tiles to widen the L2 reuse window"),
@@ -102,6 +121,7 @@ UNROLL = re.compile(r"#pragma unroll( \d+)?[ \t]*\n[ \t]*for \(int (\w+) = [^;]*
 TILE_COORDS = re.compile(r"void tile_coords\(.*?\n\}", re.DOTALL)
 INCLUDE_LINE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[^\n]*$', re.MULTILINE)
 FAMILY_DEFINE = re.compile(r"^#define (CROQQ_\w+) 1$", re.MULTILINE)
+PRAGMA_ONCE = re.compile(r"^#pragma once[ \t]*\n", re.MULTILINE)  # in a .cu file nvcc warns of it
 
 
 def define_re(name: str) -> re.Pattern[str]:
@@ -221,18 +241,21 @@ def knob_idea(ws: Workspace, rng: random.Random) -> tuple[str, str]:
 # -- structural edits --------------------------------------------------------------------------------
 
 
-def take_ownership(text: str, include: Path) -> str | None:
-    """The family include replaced by its define, gemm_core.cuh's text and the harness (None: owned)."""
+def take_ownership(text: str, include: Path) -> tuple[str, str] | None:
+    """(the source with its family include replaced by the family's define, the text of the kernel
+    header the family includes first and the family's other includes, that kernel header's name), or
+    None when the source already owns its kernel: cuda's gemm_f16.cuh is CROQQ_F16, gemm_core.cuh and
+    harness.cuh; cutlass's cutlass_f16.cuh is CROQQ_F16, cutlass_sm90.cuh, cutlass_run.cuh, harness.cuh."""
     for m in INCLUDE_LINE.finditer(text):
         header = include / m.group(1)
         body = header.read_text(encoding="utf-8") if header.is_file() else ""
         define = FAMILY_DEFINE.search(body)
-        if define and f'#include "{CORE}"' in body:
-            core = re.sub(
-                r"^#pragma once[ \t]*\n", "", (include / CORE).read_text(encoding="utf-8"), flags=re.M
-            )
-            owned = f'#define {define.group(1)} 1\n{core.rstrip()}\n#include "{HARNESS}"'
-            return text[: m.start()] + owned + text[m.end() :]
+        kernels = INCLUDE_LINE.findall(body)
+        if define and kernels and kernels[0] != HARNESS:
+            core = re.sub(PRAGMA_ONCE, "", (include / kernels[0]).read_text(encoding="utf-8"))
+            rest = "".join(f'\n#include "{name}"' for name in kernels[1:])
+            owned = f"#define {define.group(1)} 1\n{core.rstrip()}{rest}"
+            return text[: m.start()] + owned + text[m.end() :], kernels[0]
     return None
 
 
@@ -271,7 +294,7 @@ def structural_edits(text: str) -> list[Edit]:
 
 def structural_idea(ws: Workspace, rng: random.Random) -> tuple[str, str]:
     owned = take_ownership(ws.best, Path(INCLUDE))
-    text = ws.best if owned is None else owned
+    text = ws.best if owned is None else owned[0]
     edits = structural_edits(text)
     fresh = [e for e in edits if e.summary not in ws.ideas] or edits
     if not fresh:
@@ -289,7 +312,7 @@ def structural_idea(ws: Workspace, rng: random.Random) -> tuple[str, str]:
         if slips:
             text = swap(*rng.choice(slips))(text)
     if owned is not None:
-        summary = f"take ownership of the kernel (gemm_core.cuh inlined), then {summary}"
+        summary = f"take ownership of the kernel ({owned[1]} inlined), then {summary}"
     return text, summary + ws.because()
 
 

@@ -11,21 +11,30 @@ over-size candidate (refused before it is read).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from croqq.backends.toolchain import package_includes
+from croqq.domain import source as src
 from croqq.domain.knobs import compile_flags
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import HistoryEntry
 from croqq.domain.source import HeaderResolver, read_header
+from croqq.errors import HostError
 from croqq.proposers._base import ProposeContext
 from croqq.proposers.agent import contract as c
 from croqq.proposers.agent.checks import CheckFailed, check_size
 
+log = logging.getLogger(__name__)
+
+HARNESS = "harness.cuh"  # every family's main(): never the kernel a candidate takes over
+FAMILY_DEFINE = re.compile(r"^#define (CROQQ_\w+) 1$", re.MULTILINE)
 NO_CANDIDATE = "no-candidate"  # the CheckFailed rule of an agent that answered nothing (its own failure)
 Entry = tuple[str, int, str]  # kind (file, dir, link), size, content hash or link target
 
@@ -151,9 +160,16 @@ def ideas_markdown(entries: list[HistoryEntry]) -> str:
 
 
 def build_command(manifest: Manifest, ctx: ProposeContext) -> str:
+    """The compile command of a candidate in the workspace: the family's flags, ``include/``, and the
+    include folders of its packages (CUTLASS's headers, read-only where they are installed)."""
     spec = manifest.dsl(ctx.dsl).build
-    flags = " ".join(compile_flags(manifest, ctx.dsl, ctx.shape.dtype))
-    return f"{spec.compiler} {flags} -I{c.INCLUDE} -o gemm {c.CANDIDATE} {' '.join(spec.libs)}".strip()
+    flags = compile_flags(manifest, ctx.dsl, ctx.shape.dtype)
+    try:
+        flags += package_includes(spec, ctx.dsl)
+    except HostError as exc:  # this ideate host lacks the package: the build hosts have it
+        log.warning("%s; the workspace's build command leaves its include folders out", exc)
+    words = [spec.compiler, *flags, f"-I{c.INCLUDE}", "-o", "gemm", c.CANDIDATE, *spec.libs]
+    return " ".join(words)
 
 
 TASK_TEMPLATE = """\
@@ -171,10 +187,12 @@ Read `best.cu` (the current best), `context.json`, `history.md` and `ideas.md`; 
 include are in `include/` ({header_list}).{next_door} Then write:
 
 1. `candidate.cu`: ONE self-contained candidate source. Start from best.cu. Keep the `#define GEMM_M/N/K`
-   lines. You may change the knob macros ({knob_list}), or take the kernel body into the file (replace
-   `#include "gemm_<dtype>.cuh"` by its family define and the text of `include/gemm_core.cuh`) and edit it:
-   CTA scheduling, shared-memory layout, barrier wait depths, `__launch_bounds__`, the epilogue, prefetch,
-   inline PTX. It must still `#include "harness.cuh"` (the harness provides main, verification and timing).
+   lines, and define every knob ({knob_list}) to a value of its space (context.json `knob_space`; a
+   combination that breaks one of context.json `rules` is refused before any compile). You may change
+   the knob macros, or take the kernel into the file{ownership} and edit it: CTA scheduling or the tile
+   scheduler, shared-memory layout and pipeline depth, barriers, `__launch_bounds__`, the epilogue,
+   prefetch, inline PTX. It must still `#include "harness.cuh"` (the harness provides main, verification
+   and timing).
 2. `SUMMARY.txt`: one line, your idea in words and why (it goes into the history and the commit message).
 
 Rules (a candidate that breaks one is refused before it is built, and counts against you):
@@ -186,6 +204,31 @@ Rules (a candidate that breaks one is refused before it is built, and counts aga
 
 Build command (run from this folder, for your information): `{build_command}`
 """
+
+
+def ownership(family: c.FamilyLayout | None) -> str:
+    """TASK.md's words on taking the kernel into the candidate's own file."""
+    if family is None:
+        return ""
+    after = " and ".join(f'`#include "{name}"`' for name in family.after)
+    return (
+        f' (replace `#include "{family.header}"` by `#define {family.define} 1`, the text of '
+        f"`{c.INCLUDE}/{family.kernel}` without its `#pragma once`, then {after})"
+    )
+
+
+def family_layout(
+    manifest: Manifest, dsl: str, dtype: str, resolver: HeaderResolver
+) -> c.FamilyLayout | None:
+    """What the dtype's family header defines and includes (None: it includes no kernel header)."""
+    header = Path(manifest.dsl(dsl).kernels[dtype].source).name  # what best.cu includes
+    found = resolver.resolve(header)
+    text = read_header(found) if found is not None else ""
+    define = FAMILY_DEFINE.search(text)
+    names = [inc.path for inc in src.includes(text) if not inc.angle]
+    if define is None or not names or names[0] == HARNESS:
+        return None
+    return c.FamilyLayout(header=header, define=define.group(1), kernel=names[0], after=names[1:])
 
 
 def task_prompt(context: c.WorkspaceContext) -> str:
@@ -203,6 +246,7 @@ def task_prompt(context: c.WorkspaceContext) -> str:
         siblings=siblings,
         header_list=", ".join(context.headers),
         knob_list=", ".join(sorted(context.knob_space)),
+        ownership=ownership(context.family),
         next_door=_next_door(context.neighbours),
     )
 
@@ -251,7 +295,9 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
         bottleneck=ctx.bottleneck,
         profile_metrics=ctx.profile_metrics,
         knob_space=ctx.knob_space,
+        rules=manifest.dsl(ctx.dsl).rules,
         best_knobs=ctx.best_knobs,
+        family=family_layout(manifest, ctx.dsl, ctx.shape.dtype, resolver),
         headers=headers,
         build_command=command,
         neighbours=[

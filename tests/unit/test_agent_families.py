@@ -1,0 +1,102 @@
+"""Agents get every kernel family: context.json names its rules and how its kernel is taken into a
+candidate, TASK.md says it per family, the workspace's build command finds CUTLASS's headers, and the
+scripted agent takes a CUTLASS kernel into its file and edits it (nvcc: those edits compile for sm_90a)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from croqq.backends.cuda import CudaBackend
+from croqq.backends.toolchain import candidate_of
+from croqq.domain.knobs import include_resolver
+from croqq.domain.records import Idea
+from croqq.proposers.agent import workspace
+from croqq.proposers.agent.checks import check_source
+from croqq.proposers.agent.proposer import AgentProposer
+from croqq.settings import Settings
+from tests.agents import MANIFEST, SHAPE, context, settings
+
+CUTLASS_EDITS = ("NoSmemWarpSpecialized", "+ 32 * 1024")  # what each scripted CUTLASS edit writes
+
+
+def context_json(dsl: str) -> tuple[dict[str, object], str, list[str]]:
+    """(context.json, TASK.md, include/'s names) of a fresh workspace of ``dsl``."""
+    resolver = include_resolver(MANIFEST, dsl, Settings().kernels_dir)
+    ws = workspace.build(context(dsl=dsl), MANIFEST, resolver)
+    try:
+        ctx = json.loads((ws.root / "context.json").read_text())
+        return ctx, (ws.root / "TASK.md").read_text(), sorted(p.name for p in (ws.root / "include").iterdir())
+    finally:
+        ws.remove()
+
+
+def test_context_json_holds_the_cutlass_family_its_rules_and_how_to_take_its_kernel() -> None:
+    ctx, task, included = context_json("cutlass")
+    assert ctx["dsl"] == "cutlass" and set(ctx["knob_space"]) == set(MANIFEST.dsl("cutlass").knobs)
+    assert ctx["rules"] == [r.model_dump() for r in MANIFEST.dsl("cutlass").rules] and ctx["rules"]
+    assert ctx["family"] == {
+        "header": "cutlass_f16.cuh",
+        "define": "CROQQ_F16",
+        "kernel": "cutlass_sm90.cuh",
+        "after": ["cutlass_run.cuh", "harness.cuh"],
+    }
+    assert {"cutlass_sm90.cuh", "cutlass_run.cuh", "harness.cuh"} <= set(included)
+    assert (
+        'replace `#include "cutlass_f16.cuh"` by `#define CROQQ_F16 1`, the text of '
+        '`include/cutlass_sm90.cuh` without its `#pragma once`, then `#include "cutlass_run.cuh"` and '
+        '`#include "harness.cuh"`'
+    ) in " ".join(task.split())
+    flags = ctx["build_command"].split()  # type: ignore[union-attr]
+    assert any(f.startswith("-I") and f.endswith("cutlass_library/source/include") for f in flags)
+
+
+def test_context_json_of_the_cuda_family_names_its_core_header() -> None:
+    ctx, task, _ = context_json("cuda")
+    assert ctx["family"] == {
+        "header": "gemm_f16.cuh",
+        "define": "CROQQ_F16",
+        "kernel": "gemm_core.cuh",
+        "after": ["harness.cuh"],
+    }
+    assert "the text of `include/gemm_core.cuh`" in " ".join(task.split())
+
+
+def cutlass_edits() -> dict[str, Idea]:
+    """The scripted agent's first structural answer of each CUTLASS edit (by iteration)."""
+    proposer = AgentProposer(MANIFEST, settings())
+    found: dict[str, Idea] = {}
+    for iteration in range(2, 30):
+        idea = proposer.propose(context("structural", dsl="cutlass", iteration=iteration))
+        assert isinstance(idea, Idea), idea.reason  # the inlined CUTLASS kernel passes every check
+        for mark in CUTLASS_EDITS:
+            if mark in idea.source and "GemmUniversalAdapter<Kernel>;" in idea.source:  # no slip in it
+                found.setdefault(mark, idea)
+        if len(found) == len(CUTLASS_EDITS):
+            return found
+    raise AssertionError(f"only {sorted(found)} of {CUTLASS_EDITS} in 28 iterations")
+
+
+def test_the_scripted_agent_takes_a_cutlass_kernel_into_its_file_and_edits_it() -> None:
+    resolver = include_resolver(MANIFEST, "cutlass", Settings().kernels_dir)
+    for idea in cutlass_edits().values():
+        assert idea.change == "structural" and "cutlass_sm90.cuh inlined" in idea.summary
+        assert '#include "cutlass_f16.cuh"' not in idea.source and "#pragma once" not in idea.source
+        assert idea.source.index("using Gemm =") < idea.source.index('#include "cutlass_run.cuh"')
+        assert idea.source.rstrip().endswith('#include "harness.cuh"')
+        assert check_source(idea.source, resolver) == []
+
+
+@pytest.mark.nvcc
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (CUDA toolkit)")
+def test_the_scripted_cutlass_edits_compile_for_sm90a(tmp_path: Path) -> None:
+    config = Settings(build_dir=tmp_path, compile_timeout_s=3600.0)
+    backend = CudaBackend(MANIFEST, config)
+    for mark, idea in cutlass_edits().items():
+        outcome = backend.build(SHAPE, candidate_of(MANIFEST, config, "cutlass", "f16", idea.source))
+        assert outcome.ok, (mark, outcome.reason)
+        assert b"wgmma" in Path(backend.artifact_binary(outcome.artifact)).read_bytes()
