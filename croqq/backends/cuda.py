@@ -9,10 +9,12 @@
   verified by sha256, written executable to the cache; a GPU host never compiles), runs it with
   ``CUDA_VISIBLE_DEVICES=<uuid>`` under ``run_timeout_s`` in its own process group (a hang kills the
   group), parses the harness's JSON line (see ``kernels/README.md``) and records clocks, temperature and
-  clock-event reasons before and after. Several artifacts are run alternately.
+  clock-event reasons before and after. Several artifacts are run alternately. A self-timed family's
+  binary runs with its warm-up and repeat counts in its variables, and its own output is read
+  (:mod:`croqq.backends.selftimed`).
 - **profile**: ``ncu --csv`` with a fixed metric set on the candidate kernel; the bottleneck is classified
   from throughput and duration (:func:`classify`).
-- **vendor_tflops**: the harness's ``--cublas`` mode on the same shape.
+- **vendor_tflops**: the harness's ``--cublas`` mode on the same shape (none for a self-timed family).
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from croqq.backends import selftimed
 from croqq.backends._base import Backend, GpuContext, KernelRef
 from croqq.backends.toolchain import knob_candidate, package_includes
 from croqq.domain.knobs import Candidate, render_source, seed_knobs
+from croqq.domain.manifest import RunSpec
 from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
 from croqq.errors import HostError, InvalidRecordError
@@ -312,10 +316,40 @@ class CudaBackend(Backend):
             raw=raw,
         )
 
+    def run_self_timed(self, gpu: GpuContext, shape: Shape, binary: Path, spec: RunSpec) -> Measurement:
+        """A self-timed family's binary, run with its counts set, its own output read."""
+        start = gpu.probe.snapshot(gpu.uuid)
+        run = run_process(
+            [str(binary)], self.settings.run_timeout_s, env=self._env(gpu) | selftimed.env(spec)
+        )
+        end = gpu.probe.snapshot(gpu.uuid)
+        raw = (run.stdout + "\n" + run.stderr)[-LOG_TAIL:]
+        fields = {"timing": "self-reported", "start": start, "end": end, "raw": raw}
+        if run.returncode is None:
+            return Measurement(
+                outcome="hang", detail=f"killed after {self.settings.run_timeout_s:.0f}s", **fields
+            )
+        if run.returncode != 0:
+            why = f"exit {run.returncode}" if run.returncode > 0 else f"signal {-run.returncode}"
+            return Measurement(outcome="crash", detail=f"{why}: {run.stderr.strip()[-200:]}", **fields)
+        peak = self.peak_tflops(gpu.gpu_type, shape.dtype)
+        try:
+            return selftimed.measurement(run.stdout, spec, shape.flops, peak, (start, end), raw)
+        except InvalidRecordError as exc:
+            return Measurement(outcome="crash", detail=str(exc), **fields)
+
+    def _run_spec(self, artifact: str) -> RunSpec:
+        return self.manifest.dsl(KernelRef.model_validate_json(artifact).dsl).run
+
     def measure(self, gpu: GpuContext, shape: Shape, artifacts: Sequence[str]) -> list[Measurement]:
-        binaries = [self._binary(shape, a) for a in artifacts]
-        self._last_binary = binaries[0]
-        return [self.run_harness(gpu, shape, b) for b in binaries]
+        runs = [(self._binary(shape, a), self._run_spec(a)) for a in artifacts]
+        self._last_binary = runs[0][0] if runs[0][1].kind == "harness" else None  # cuBLAS: the harness's
+        return [
+            self.run_harness(gpu, shape, b)
+            if spec.kind == "harness"
+            else self.run_self_timed(gpu, shape, b, spec)
+            for b, spec in runs
+        ]
 
     def vendor_tflops(self, gpu: GpuContext, shape: Shape) -> float | None:
         binary = self._last_binary
@@ -327,29 +361,19 @@ class CudaBackend(Backend):
     # -- profile --------------------------------------------------------------------------------------
 
     def profile(self, gpu: GpuContext, shape: Shape, artifact: str) -> Profile:
-        binary = self._binary(shape, artifact)
+        binary, spec = self._binary(shape, artifact), self._run_spec(artifact)
         ncu = shutil.which("ncu")
         if ncu is None:
             return Profile(bottleneck="unknown", raw="ncu not found on this GPU host")
-        argv = [
-            ncu,
-            "--csv",
-            "--metrics",
-            ",".join(NCU_METRICS),
-            "-k",
-            KERNEL_NAME,
-            "-c",
-            "1",
-            str(binary),
-            "--warmup",
-            "0",
-            "--repeats",
-            "1",
-            "--no-verify",
-            "--seeds",
-            "1",
-        ]
-        run = run_process(argv, self.settings.run_timeout_s * 4, env=self._env(gpu))
+        argv = [ncu, "--csv", "--metrics", ",".join(NCU_METRICS)]
+        env = self._env(gpu)
+        if spec.kind == "harness":  # croqq's kernel by name, one run of it
+            argv += ["-k", KERNEL_NAME, "-c", "1", str(binary)]
+            argv += ["--warmup", "0", "--repeats", "1", "--no-verify", "--seeds", "1"]
+        else:  # the first kernel a self-timed binary launches, with no warm-up
+            argv += ["-c", "1", str(binary)]
+            env |= selftimed.env(spec, warmup=0, repeats=1)
+        run = run_process(argv, self.settings.run_timeout_s * 4, env=env)
         text = run.stdout + run.stderr
         try:
             metrics = parse_ncu_csv(run.stdout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -109,12 +110,46 @@ class Rule(_Strict):
     why: str
 
 
+class RunSpec(_Strict):
+    """How a family's binary is run and its output read. ``harness``: croqq's harness owns ``main``,
+    verification and timing (one JSON line). ``self-timed``: the kernel file brings its own ``main`` and
+    timer (as CroqTile/choreo-generated CUDA does): croqq sets its warm-up and repeat counts in the
+    variables named here, reads its TFLOPS (and time per run) from stdout with these patterns, and
+    records the timing as self-reported and the result as not verified by croqq."""
+
+    kind: Literal["harness", "self-timed"] = "harness"
+    warmup_env: str = ""
+    repeats_env: str = ""
+    warmup: int = Field(10, ge=0)
+    repeats: int = Field(50, ge=1)
+    tflops: str = Field("", description="A regex; its first group is TFLOPS (the last match on stdout).")
+    time_ms: str = Field("", description="Optional regex; its first group is the time of one run in ms.")
+    verified: str = Field("", description="Optional regex: stdout matching it says the kernel checked C.")
+
+    @model_validator(mode="after")
+    def _readable(self) -> RunSpec:
+        if self.kind == "harness":
+            return self
+        if not (self.tflops and self.warmup_env and self.repeats_env):
+            raise ValueError("a self-timed family names tflops, warmup_env and repeats_env")
+        for field in ("tflops", "time_ms", "verified"):
+            pattern = getattr(self, field)
+            try:
+                groups = re.compile(pattern).groups if pattern else 1
+            except re.error as exc:
+                raise ValueError(f"run.{field} {pattern!r} is no regex: {exc}") from None
+            if field != "verified" and groups < 1:
+                raise ValueError(f"run.{field} {pattern!r} needs a group around the number")
+        return self
+
+
 class DslSpec(_Strict):
     ext: str
     knobs: dict[str, list[int]]
     kernels: dict[str, KernelSpec]
     build: BuildSpec
     rules: list[Rule] = Field(default_factory=list)
+    run: RunSpec = Field(default_factory=RunSpec)
 
     @model_validator(mode="after")
     def _rules_readable(self) -> DslSpec:

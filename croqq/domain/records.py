@@ -109,6 +109,9 @@ class Measurement(_Record):
     max_ms: float = Field(0.0, ge=0)
     repeats: int = Field(0, ge=0)
     verified: bool = False
+    timing: Literal["harness", "self-reported"] = Field(
+        "harness", description="Who timed it: croqq's harness, or the kernel's own main (self-timed family)."
+    )
     detail: str = ""
     start: GpuSnapshot | None = None
     end: GpuSnapshot | None = None

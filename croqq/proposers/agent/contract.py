@@ -23,6 +23,8 @@ Scratch space that is not part of the answer: ``.agent-home/`` (the agent's HOME
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
 from croqq.domain.manifest import Rule
@@ -99,6 +101,7 @@ class WorkspaceContext(BaseModel):
     profile_metrics: dict[str, float]
     knob_space: dict[str, list[int]]  # every knob must be #defined by the candidate, to one of these
     rules: list[Rule] = []  # knob combinations the hardware cannot run: refused before any compile
+    run: Literal["harness", "self-timed"] = "harness"  # who owns main and the timer: croqq's or the kernel
     best_knobs: dict[str, int]
     family: FamilyLayout | None = None  # None: the family header includes no kernel header
     headers: list[str]  # what a candidate may include with quotes

@@ -120,7 +120,8 @@ class AgentProposer(Proposer):
         usage: AgentUsage,
         resolver: src.HeaderResolver,
     ) -> Idea | Rejection:
-        findings = check_source(text, resolver, contract.CANDIDATE)
+        self_timed = self.manifest.dsl(ctx.dsl).run.kind == "self-timed"
+        findings = check_source(text, resolver, contract.CANDIDATE, self_timed)
         if findings:
             more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
             return self._reject(f"{findings[0].message}{more}", "check", usage, summary)

@@ -191,19 +191,31 @@ include are in `include/` ({header_list}).{next_door} Then write:
    combination that breaks one of context.json `rules` is refused before any compile). You may change
    the knob macros, or take the kernel into the file{ownership} and edit it: CTA scheduling or the tile
    scheduler, shared-memory layout and pipeline depth, barriers, `__launch_bounds__`, the epilogue,
-   prefetch, inline PTX. It must still `#include "harness.cuh"` (the harness provides main, verification
-   and timing).
+   prefetch, inline PTX. {run_rule}
 2. `SUMMARY.txt`: one line, your idea in words and why (it goes into the history and the commit message).
 
 Rules (a candidate that breaks one is refused before it is built, and counts against you):
 - write nothing else, anywhere; do not modify the provided files;
 - include only the headers in include/ (by plain name) and toolchain headers; no absolute paths, no `..`;
-- no timing or clock reads, no calls into the harness or its reference, no cudaDeviceReset, no memory
-  of your own (cudaMalloc, malloc, __device__ variables), no main();
+- {forbidden};
 - not identical to best.cu or to an idea in ideas.md.
 
 Build command (run from this folder, for your information): `{build_command}`
 """
+
+
+RUN_RULES = {  # by the family's run kind: what the candidate must keep, and what it may not do
+    "harness": (
+        'It must still `#include "harness.cuh"` (the harness provides main, verification and timing).',
+        "no timing or clock reads, no calls into the harness or its reference, no cudaDeviceReset, no "
+        "memory of your own (cudaMalloc, malloc, __device__ variables), no main()",
+    ),
+    "self-timed": (
+        "Keep its own main() and timer, and what they print (croqq reads the TFLOPS line; the timing is "
+        "recorded as self-reported).",
+        "no calls of cuBLAS, of a reference GEMM or of another library's GEMM, no cudaDeviceReset",
+    ),
+}
 
 
 def ownership(family: c.FamilyLayout | None) -> str:
@@ -247,6 +259,8 @@ def task_prompt(context: c.WorkspaceContext) -> str:
         header_list=", ".join(context.headers),
         knob_list=", ".join(sorted(context.knob_space)),
         ownership=ownership(context.family),
+        run_rule=RUN_RULES[context.run][0],
+        forbidden=RUN_RULES[context.run][1],
         next_door=_next_door(context.neighbours),
     )
 
@@ -296,6 +310,7 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
         profile_metrics=ctx.profile_metrics,
         knob_space=ctx.knob_space,
         rules=manifest.dsl(ctx.dsl).rules,
+        run=manifest.dsl(ctx.dsl).run.kind,
         best_knobs=ctx.best_knobs,
         family=family_layout(manifest, ctx.dsl, ctx.shape.dtype, resolver),
         headers=headers,
