@@ -52,6 +52,10 @@ PARTS: dict[str, tuple[str, Part]] = {
     ),
     "reconcile": ("reconciliation against git after Redis forgot", lambda w, a: reconcile_bench.run(w)),
     "duty": ("GPU duty cycle (fixed vs adaptive depth)", lambda w, a: cluster_bench.duty_cycle(w)),
+    "duty-compile": (
+        "GPU duty cycle with CUTLASS-length builds (fixed vs adaptive depth)",
+        lambda w, a: cluster_bench.duty_compile(w),
+    ),
     "source": (
         "source-level run (scripted agent, real nvcc compiles)",
         lambda w, a: agent_bench.source_run(w),

@@ -5,7 +5,9 @@
 - ``recovery``: each worker kind killed mid-step, the time until the cluster stores again;
 - ``duty_cycle``: simulated GPUs whose agents think for long, widely varying times (time-scaled), the
   share of wall time each GPU spends measuring, with a fixed pipeline depth and with the adaptive depth
-  (:mod:`croqq.placement.depth`) in one invocation, and how often a GPU had nothing to run (``starved``)."""
+  (:mod:`croqq.placement.depth`) in one invocation, and how often a GPU had nothing to run (``starved``);
+- ``duty_compile``: the same, each build taking a CUTLASS compile's real time (time-scaled): the adaptive
+  depth counts a build's seconds, claim to result, as it counts an agent's."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ DUTY_WINDOW_S = 60.0
 FIXED_DEPTH = 4  # today's default pipeline_depth
 DUTY_CANDIDATES = 4  # the batch run beside N = 1
 AGENT_MEDIAN_S, AGENT_P90_S = 264.0, 900.0
+CUTLASS_COMPILE_S = 50.0  # one cutlass-family compile on a 2-core build host (compile benchmark, p50)
 AGENT_SIGMA = math.log(AGENT_P90_S / AGENT_MEDIAN_S) / 1.2816  # z of the 90th percentile
 
 
@@ -104,9 +107,9 @@ def _starved(client: Any, uuids: list[str]) -> list[bool]:
     return [not current and not queued for current, queued in zip(replies[::2], replies[1::2], strict=True)]
 
 
-def _duty(work: Path, mode: str, gpus: int, candidates: int = 1) -> dict[str, object]:
+def _duty(work: Path, mode: str, gpus: int, candidates: int = 1, build_s: float = 20.0) -> dict[str, object]:
     """One duty-cycle run: per-GPU duty over the window, the kernels measured per (simulated) second in it,
-    and the depths the coordinator chose in it."""
+    and the depths the coordinator chose in it (``build_s``: one build's simulated seconds)."""
     env = {
         "CROQQ_RUN_DIR": str(work / "run"),
         "CROQQ_RESULTS_REPO": str(work / "results"),
@@ -114,7 +117,7 @@ def _duty(work: Path, mode: str, gpus: int, candidates: int = 1) -> dict[str, ob
         "CROQQ_TIME_SCALE": repr(DUTY_TIME_SCALE),
         "CROQQ_SIM_IDEATE_S": repr(AGENT_MEDIAN_S),
         "CROQQ_SIM_IDEATE_SIGMA": repr(AGENT_SIGMA),
-        "CROQQ_SIM_IMPLEMENT_S": "20",
+        "CROQQ_SIM_IMPLEMENT_S": repr(build_s),
         "CROQQ_SIM_MEASURE_S": "10",
         "CROQQ_SIM_PROFILE_S": "15",
         "CROQQ_PIPELINE_DEPTH_MODE": mode,
@@ -177,6 +180,22 @@ def duty_cycle(work: Path, gpus: int = DUTY_GPUS) -> dict[str, object]:
         "duty_fixed_depth": FIXED_DEPTH,
         "duty_agent_think_s": f"lognormal, median {AGENT_MEDIAN_S:g} s, p90 {AGENT_P90_S:g} s",
         "duty_time_scale": DUTY_TIME_SCALE,
+    }
+
+
+def duty_compile(work: Path, gpus: int = DUTY_GPUS, build_s: float = CUTLASS_COMPILE_S) -> dict[str, object]:
+    """Fixed and adaptive depth, the same cluster in the same run, each build taking ``build_s``."""
+    fixed = _duty(work / "fixed", "fixed", gpus, build_s=build_s)
+    adaptive = _duty(work / "adaptive", "adaptive", gpus, build_s=build_s)
+    return {
+        "duty_compile_build_s": build_s,
+        "duty_compile_adaptive": adaptive["mean"],
+        "duty_compile_fixed_depth": fixed["mean"],
+        "duty_compile_adaptive_per_gpu": adaptive["per_gpu"],
+        "duty_compile_fixed_per_gpu": fixed["per_gpu"],
+        "duty_compile_adaptive_depth_range": adaptive["depth_range"],
+        "duty_compile_adaptive_starved": adaptive["starved"],
+        "duty_compile_fixed_starved": fixed["starved"],
     }
 
 
