@@ -27,7 +27,7 @@ from croqq import diskspace
 from croqq.backends.toolchain import package_includes, really_compiles
 from croqq.delivery.artifacts import ArtifactRef, ArtifactStore
 from croqq.domain.decide import needs_confirmation
-from croqq.domain.knobs import Candidate
+from croqq.domain.knobs import Candidate, render_source
 from croqq.domain.manifest import Manifest
 from croqq.domain.records import BuildOutcome, Confirmation, Measurement, MeasureResult, Profile
 from croqq.domain.shapes import Shape
@@ -95,6 +95,18 @@ class Backend(ABC):
 
     def check_dsl(self, dsl: str) -> None:  # noqa: B027 (a hook: most backends tune every family)
         """Refuse (ConfigError, one line) a kernel family this backend cannot tune; every one by default."""
+
+    def rule_refusal(self, shape: Shape, candidate: Candidate) -> BuildOutcome | None:
+        """The attempt ``knob rule: <why>`` for a knob candidate (the family's template rendered) that
+        breaks one of its rules, with no compile; None otherwise (an edited source is the compiler's)."""
+        spec = self.manifest.dsl(candidate.dsl)
+        if not set(spec.knobs) <= set(candidate.knobs):  # a knob left undefined: the compiler's to say
+            return None
+        if candidate.source != render_source(self.manifest, candidate.dsl, shape, candidate.knobs):
+            return None
+        dims = (shape.m, shape.n, shape.k)
+        broken = spec.broken_rule(candidate.knobs, dims, self.manifest.dtypes[shape.dtype])
+        return BuildOutcome(ok=False, reason=f"knob rule: {broken}", log="(not compiled)") if broken else None
 
     def build_problems(self) -> dict[str, CroqqError]:
         """Why this host cannot build each kernel family it cannot: the backend does not tune it

@@ -38,7 +38,7 @@ from pathlib import Path
 from croqq.backends import selftimed
 from croqq.backends._base import Backend, GpuContext, KernelRef
 from croqq.backends.toolchain import knob_candidate, package_includes
-from croqq.domain.knobs import Candidate, render_source, seed_knobs
+from croqq.domain.knobs import Candidate, seed_knobs
 from croqq.domain.manifest import RunSpec
 from croqq.domain.records import Bottleneck, BuildOutcome, GpuSnapshot, Measurement, Outcome, Profile
 from croqq.domain.shapes import Shape
@@ -202,11 +202,9 @@ class CudaBackend(Backend):
 
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
         spec = self.manifest.dsl(candidate.dsl)
-        broken = spec.broken_rule(
-            candidate.knobs, (shape.m, shape.n, shape.k), self.manifest.dtypes[shape.dtype]
-        )
-        if broken and candidate.source == render_source(self.manifest, candidate.dsl, shape, candidate.knobs):
-            return BuildOutcome(ok=False, reason=f"knob rule: {broken}", log="(not compiled)")
+        refused = self.rule_refusal(shape, candidate)
+        if refused is not None:
+            return refused
         folder = self._folder(shape.key, candidate.content_hash)
         binary = folder / "gemm"
         if binary.exists():

@@ -1,8 +1,10 @@
 """A simulated H100-class GPU: the ``sim`` backend.
 
-It builds, measures and profiles candidates of the CUDA GEMM knob family without a GPU, so that the whole
-control plane runs on a laptop and in CI. The performance model is :mod:`croqq.backends._simmodel`; this
-module adds what a real backend's caller sees, judging a candidate source by what is in it:
+It builds, measures and profiles candidates of both GEMM kernel families without a GPU, so that the whole
+control plane runs on a laptop and in CI. The performance models are :mod:`croqq.backends._simmodel`
+(the ``cuda`` family's knobs, mma.sync) and :mod:`croqq.backends._simcutlass` (the ``cutlass`` family's,
+CUTLASS's sm90 GEMM), picked by the family's knob names; this module adds what a real backend's caller
+sees, judging a candidate source by what is in it:
 
 - **build** reads the knob values from the source's ``#define`` lines; a missing or out-of-space knob, or a
   set that breaks the model's sm_90a rules, is a compile error worded as nvcc would, marked
@@ -38,12 +40,15 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from pydantic import BaseModel, ConfigDict
 
+from croqq.backends import _simcutlass as cutlass_model
 from croqq.backends import _simmodel as model
 from croqq.backends._base import Backend, GpuContext
 from croqq.backends.cuda import LOG_TAIL, first_error, run_process
+from croqq.backends.toolchain import package_includes
 from croqq.delivery.artifacts import ArtifactStore
 from croqq.domain import source as src
 from croqq.domain.knobs import Candidate, knobs_summary, render_source, seed_knobs
@@ -56,6 +61,7 @@ from croqq.settings import Settings
 
 log = logging.getLogger(__name__)
 
+FAMILY_MODELS: tuple[ModuleType, ...] = (model, cutlass_model)  # each with KNOBS, build_model, predict, ...
 NOISE_SIGMA = 0.007
 THROTTLED_SLOWDOWN = 0.9
 COMPILE_FLAKE_RATE = 0.02
@@ -181,10 +187,11 @@ class SimBackend(Backend):
             cached = self._models.get(key)
         if cached is not None:
             return cached
-        space = self._knob_space(dsl)
+        family = self.family_model(dsl)
+        space = self.manifest.dsl(dsl).knobs
         dtype = self.manifest.dtypes[shape.dtype]
         gpu = self.manifest.gpu(gpu_type)
-        built = model.build_model(
+        built = family.build_model(
             shape,
             space,
             a_bytes=dtype.a_bytes,
@@ -198,29 +205,35 @@ class SimBackend(Backend):
         return built
 
     def check_dsl(self, dsl: str) -> None:
-        self._knob_space(dsl)
+        self.family_model(dsl)
 
-    def _knob_space(self, dsl: str) -> dict[str, list[int]]:
-        space = self.manifest.dsl(dsl).knobs
-        if set(space) != set(model.KNOBS):
-            raise ConfigError(
-                f"the sim backend models the cuda family's knobs {list(model.KNOBS)}; dsl {dsl!r} has "
-                f"{sorted(space)}: tune it with CROQQ_BACKEND=cuda on GPU hosts"
-            )
-        return space
+    def family_model(self, dsl: str) -> ModuleType:
+        """The performance model of the dsl's knobs (ConfigError, one line, for knobs none models)."""
+        space = set(self.manifest.dsl(dsl).knobs)
+        for family in FAMILY_MODELS:
+            if space == set(family.KNOBS):
+                return family
+        raise ConfigError(
+            f"the sim backend models the knobs of the cuda and cutlass families; dsl {dsl!r} has "
+            f"{sorted(space)}: tune it with CROQQ_BACKEND=cuda on GPU hosts"
+        )
 
-    def optimum_tflops(self, gpu_type: str, shape: Shape) -> float:
+    def optimum_tflops(self, gpu_type: str, shape: Shape, dsl: str | None = None) -> float:
         """The noise-free TFLOPS of the hidden optimum (for tests and reports)."""
-        m = self.shape_model(gpu_type, shape)
-        return model.predict(m, m.optimum).tflops
+        m = self.shape_model(gpu_type, shape, dsl)
+        return self.family_model(dsl or self.settings.dsl).predict(m, m.optimum).tflops
 
-    def predicted_tflops(self, gpu_type: str, shape: Shape, knobs: dict[str, int]) -> float:
+    def predicted_tflops(
+        self, gpu_type: str, shape: Shape, knobs: dict[str, int], dsl: str | None = None
+    ) -> float:
         """The noise-free TFLOPS of a knob set."""
-        return model.predict(self.shape_model(gpu_type, shape), knobs).tflops
+        family = self.family_model(dsl or self.settings.dsl)
+        return family.predict(self.shape_model(gpu_type, shape, dsl), knobs).tflops
 
     def _predict(self, gpu_type: str, shape: Shape, art: SimArtifact) -> model.Prediction:
         """The noise-free prediction of a built artifact: its knobs' times its structural factor."""
-        return scaled(model.predict(self.shape_model(gpu_type, shape, art.dsl), art.knobs), art.factor)
+        family = self.family_model(art.dsl)
+        return scaled(family.predict(self.shape_model(gpu_type, shape, art.dsl), art.knobs), art.factor)
 
     # -- helpers ------------------------------------------------------------------------------------
 
@@ -246,17 +259,22 @@ class SimBackend(Backend):
 
     def build(self, shape: Shape, candidate: Candidate) -> BuildOutcome:
         started = time.monotonic()
-        self._knob_space(candidate.dsl)  # refuses a knob family the model does not know
+        family = self.family_model(candidate.dsl)  # refuses a knob family no model knows
+        refused = self.rule_refusal(shape, candidate)
+        if refused is not None:
+            return refused
         real = self.settings.sim_compile == "nvcc"
         if not real:
             self._sleep(self.settings.sim_implement_s)
         command, text = self._nvcc_command(shape, candidate), ""
-        error = self._knob_error(candidate) or model.compile_error(
-            shape, candidate.knobs, self.manifest.dtypes[shape.dtype].a_bytes
-        )
+        a_bytes = self.manifest.dtypes[shape.dtype].a_bytes
+        error = self._knob_error(candidate) or family.compile_error(shape, candidate.knobs, a_bytes)
         if error is None and real:
             command, error, text = self._compile(candidate)
         effect = Effect(error=error) if error is not None else self._effect(shape, candidate, real)
+        known = family.known_fault(candidate.knobs, a_bytes) if effect.error is None else None
+        if known is not None:  # what this knob does on a real GPU, whatever the source's own fate
+            effect = dataclasses.replace(effect, fault=known)
         seconds = max(0.001, round(time.monotonic() - started, 3))  # a build ran (0 means none: cached)
         log_text = f"$ {command}\n{text}"
         if effect.error is not None:
@@ -299,10 +317,14 @@ class SimBackend(Backend):
     def _compile(self, candidate: Candidate) -> tuple[str, str | None, str]:
         """nvcc -c of the candidate and its headers in a temp folder of the build folder (the compiler's
         own temporary files too): (command, first error or None, log)."""
-        compiler = self.manifest.dsl(candidate.dsl).build.compiler
-        if shutil.which(compiler) is None:
-            raise HostError(f"{compiler} not found on this build host (CROQQ_SIM_COMPILE=nvcc needs it)")
-        argv = [compiler, *candidate.flags, "-I.", "-c", "-o", "cand.o", "cand.cu"]
+        build = self.manifest.dsl(candidate.dsl).build
+        if shutil.which(build.compiler) is None:
+            raise HostError(
+                f"{build.compiler} not found on this build host (CROQQ_SIM_COMPILE=nvcc needs it)"
+            )
+        includes = package_includes(build, candidate.dsl)  # CUTLASS's headers, from the installed package
+        argv = [build.compiler, *candidate.flags, "-I.", *includes, "-c", "-o", "cand.o", "cand.cu"]
+        timeout_s = max(self.settings.compile_timeout_s, build.compile_timeout_s or 0.0)
         with self.build_disk():
             self.build_dir.mkdir(parents=True, exist_ok=True)
             work = tempfile.TemporaryDirectory(prefix="croqq-sim-nvcc-", dir=self.build_dir)
@@ -310,12 +332,12 @@ class SimBackend(Backend):
             folder = Path(tmp).resolve()
             with self.build_disk():
                 self._write_sources(folder, candidate)
-            run = run_process(argv, self.settings.compile_timeout_s, env={"TMPDIR": str(folder)}, cwd=folder)
+            run = run_process(argv, timeout_s, env={"TMPDIR": str(folder)}, cwd=folder)
         text = (run.stdout + run.stderr)[-LOG_TAIL:]
         if run.returncode:
             self.check_compiler_disk(candidate, text)
         if run.returncode is None:
-            return " ".join(argv), f"compile timed out after {self.settings.compile_timeout_s:.0f}s", text
+            return " ".join(argv), f"compile timed out after {timeout_s:.0f}s", text
         return " ".join(argv), first_error(text) if run.returncode else None, text
 
     @staticmethod
@@ -446,16 +468,15 @@ class SimBackend(Backend):
     def profile(self, gpu: GpuContext, shape: Shape, artifact: str) -> Profile:
         art = self.decode(shape, artifact)
         self._sleep(self.settings.sim_profile_s)
-        m = self.shape_model(gpu.gpu_type, shape, art.dsl)
+        m, family = self.shape_model(gpu.gpu_type, shape, art.dsl), self.family_model(art.dsl)
         pred = self._predict(gpu.gpu_type, shape, art)
-        kind = model.bottleneck(m, art.knobs, pred)
-        metrics = model.profile_metrics(m, art.knobs, pred, self.manifest.gpu(gpu.gpu_type).mem_gbps)
+        kind = family.bottleneck(m, art.knobs, pred)
+        metrics = family.profile_metrics(m, art.knobs, pred, self.manifest.gpu(gpu.gpu_type).mem_gbps)
         lines = [f"==PROF== sim ncu --set full  {shape.key} cand={art.hash[:12]}"]
         lines += [f"  {name:<26} {value:>12g}" for name, value in metrics.items()]
         lines.append(f"  bottleneck: {kind}")
         return Profile(bottleneck=kind, metrics=metrics, raw="\n".join(lines) + "\n")
 
     def vendor_tflops(self, gpu: GpuContext, shape: Shape) -> float | None:
-        m = self.shape_model(gpu.gpu_type, shape)
-        ratio = 0.85 + 0.10 * model.unit(m.salt, "vendor")
-        return round(model.predict(m, m.optimum).tflops * ratio, 3)
+        ratio = 0.85 + 0.10 * model.unit(f"{gpu.gpu_type}|{shape.key}", "vendor")
+        return round(self.optimum_tflops(gpu.gpu_type, shape) * ratio, 3)

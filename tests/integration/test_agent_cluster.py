@@ -128,3 +128,29 @@ def test_a_failing_agent_is_backed_off_reported_and_its_shapes_wait(
     assert attempts and all(a["kind"] == "agent" and "exited 7" in a["reason"] for a in attempts)
     assert all(a["reason"].startswith("agent command") and a["agent"]["exit_code"] == 7 for a in attempts)
     assert validate_repo(repo, None) == []
+
+
+@pytest.mark.timeout(1800)
+def test_the_cutlass_family_is_tuned_at_source_level_on_the_simulated_gpu(
+    cluster_env: dict[str, str],
+) -> None:
+    paths = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
+    with LocalCluster(cluster_env | AGENT | {"CROQQ_DSL": "cutlass"}) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=6, limit=3, dsl="cutlass")
+        snap = cluster.wait_done(sub, timeout_s=600)
+        assert snap.total.done == 3 and snap.total.error == 0
+    repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
+    state = json.loads((repo / paths.root / "state.json").read_text())["shapes"]
+    structural = 0
+    for key, entry in state.items():
+        rows = parse_tsv((repo / paths.results_tsv(key)).read_text())
+        assert [r.iter for r in rows] == list(range(7)) and entry["best_tflops"] > 0
+        for row in rows:  # each names its family and the CUTLASS it needs
+            assert row.run_command.endswith(
+                f"--dsl cutlass --source {row.kernel} --requires nvidia-cutlass==4.2.0.0"
+            )
+            text = (repo / row.kernel).read_text()
+            structural += "using Gemm = cutlass::gemm::device::GemmUniversalAdapter" in text  # inlined
+    assert structural > 0  # the scripted agent took CUTLASS kernels into its files and edited them
+    assert validate_repo(repo, "cutlass") == []

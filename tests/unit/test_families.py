@@ -233,12 +233,16 @@ def test_the_package_version_is_part_of_the_toolchain_and_so_of_every_candidate_
 def test_the_simulated_gpu_refuses_a_family_it_does_not_model_in_one_line(manifest: Manifest) -> None:
     from croqq.backends.sim import SimBackend
 
-    SimBackend(manifest, Settings()).check_dsl("cuda")
-    CudaBackend(manifest, Settings()).check_dsl("cutlass")
+    spec = manifest.dsls["cuda"]
+    other = spec.model_copy(update={"knobs": {**spec.knobs, "UNROLL": [1, 2]}})  # a knob no model knows
+    mixed = manifest.model_copy(update={"dsls": {**manifest.dsls, "other": other}})
+    SimBackend(mixed, Settings()).check_dsl("cuda")
+    SimBackend(mixed, Settings()).check_dsl("cutlass")
+    CudaBackend(mixed, Settings()).check_dsl("other")
     with pytest.raises(
-        ConfigError, match=r"dsl 'cutlass' has .*: tune it with CROQQ_BACKEND=cuda on GPU hosts$"
+        ConfigError, match=r"dsl 'other' has .*: tune it with CROQQ_BACKEND=cuda on GPU hosts$"
     ):
-        SimBackend(manifest, Settings()).check_dsl("cutlass")
+        SimBackend(mixed, Settings()).check_dsl("other")
 
 
 def test_a_family_with_a_longer_compile_timeout_gets_it_and_a_hanging_compile_is_still_killed(
