@@ -60,6 +60,10 @@ PARTS: dict[str, tuple[str, Part]] = {
         "source-level run (scripted agent, real nvcc compiles)",
         lambda w, a: agent_bench.source_run(w),
     ),
+    "source-cutlass": (
+        "the cutlass family at source level, 4 shapes x 4 iterations (scripted agent, real nvcc)",
+        lambda w, a: agent_bench.cutlass_source_run(w),
+    ),
     "agent": ("agent overhead per IDEATE step", lambda w, a: agent_bench.overhead()),
     "compile": (
         "compile time per kernel family (sampled knob settings the rules accept, real nvcc)",

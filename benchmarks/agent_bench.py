@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.cluster_bench import _percentile
-from croqq.backends.toolchain import knob_candidate
+from croqq.backends.toolchain import knob_candidate, package_includes
 from croqq.domain.knobs import compile_flags, include_resolver, seed_knobs
 from croqq.domain.manifest import load_manifest
 from croqq.domain.records import HistoryEntry, Idea
@@ -39,7 +39,10 @@ KERNEL_LINES = 2000
 HISTORY = 100
 
 
-def source_run(work: Path, shapes: int = 8, iterations: int = 6) -> dict[str, object]:
+def source_run(work: Path, shapes: int = 8, iterations: int = 6, dsl: str = "cuda") -> dict[str, object]:
+    """The scripted agent through the whole cluster on ``dsl``, half the shapes f16 and half e4m3, every
+    candidate really compiled where nvcc is; then the share of the best kernels that compile from a fresh
+    clone of the results repo (with only the family's packages' include folders)."""
     real = shutil.which("nvcc") is not None  # every candidate really compiled at IMPLEMENT (sim_compile=nvcc)
     env = {
         "CROQQ_SIM_COMPILE": "nvcc" if real else "model",
@@ -49,11 +52,12 @@ def source_run(work: Path, shapes: int = 8, iterations: int = 6) -> dict[str, ob
         "CROQQ_PROPOSER": "agent",
         "CROQQ_AGENT": "scripted",
         "CROQQ_IDEATE_CONCURRENCY": "4",
+        "CROQQ_DSL": dsl,
     }
     with LocalCluster(env, log_level="WARNING") as cluster:
         cluster.wait_gpus()
         start = time.monotonic()
-        subs = [cluster.submit(d, max_iter=iterations, limit=shapes // 2) for d in ("f16", "e4m3")]
+        subs = [cluster.submit(d, max_iter=iterations, limit=shapes // 2, dsl=dsl) for d in ("f16", "e4m3")]
         snaps = [cluster.wait_done(s, timeout_s=1800) for s in subs]
         seconds = time.monotonic() - start
         counters = stats.counters(cluster.client)
@@ -61,7 +65,7 @@ def source_run(work: Path, shapes: int = 8, iterations: int = 6) -> dict[str, ob
     clone = work / "clone"
     subprocess.run(["git", "clone", "-q", str(work / "results"), str(clone)], check=True)
     kernels = sorted((clone / "kernels").glob("*/*_best.cu"))
-    compiled = _compile_all(clone, kernels)
+    compiled = _compile_all(clone, kernels, dsl)
     structural = _structural_share(clone)
     log.info(
         "source run: %d iterations stored in %.1fs; %d/%d best kernels compile",
@@ -89,16 +93,24 @@ def source_run(work: Path, shapes: int = 8, iterations: int = 6) -> dict[str, ob
     }
 
 
-def _compile_all(clone: Path, kernels: list[Path]) -> dict[str, bool]:
-    """registry file -> compiles (nvcc sm_90a, -c, from the clone alone); {} without nvcc."""
+def cutlass_source_run(work: Path) -> dict[str, object]:
+    """:func:`source_run` of the cutlass family, 4 shapes x 4 iterations (its figures named cutlass_*)."""
+    return {f"cutlass_{k}": v for k, v in source_run(work, shapes=4, iterations=4, dsl="cutlass").items()}
+
+
+def _compile_all(clone: Path, kernels: list[Path], dsl: str) -> dict[str, bool]:
+    """registry file -> compiles (nvcc sm_90a, -c, from the clone and the family's installed packages
+    alone); {} without nvcc."""
     if shutil.which("nvcc") is None:
         log.warning("nvcc not found: the compile-from-a-fresh-clone fraction is not measured")
         return {}
     manifest = load_manifest(Settings().manifest)
+    packages = package_includes(manifest.dsl(dsl).build, dsl)  # e.g. nvidia-cutlass's, nothing of croqq's
 
     def one(path: Path) -> tuple[str, bool]:
         dtype = path.name.split("_", 1)[0]
-        argv = ["nvcc", *compile_flags(manifest, "cuda", dtype), "-c", "-o", "/dev/null", path.name]
+        flags = [*compile_flags(manifest, dsl, dtype), *packages]
+        argv = ["nvcc", *flags, "-c", "-o", "/dev/null", path.name]
         run = subprocess.run(argv, cwd=path.parent, capture_output=True, text=True, check=False, timeout=900)
         if run.returncode != 0:
             log.warning("%s does not compile: %s", path.name, run.stderr.strip().splitlines()[-1:])
