@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,11 @@ AGENT = {"CROQQ_PROPOSER": "agent", "CROQQ_AGENT": "scripted"}
 
 
 def _rounds(repo: Path, key: str) -> list[dict[str, object]]:
-    text = (repo / PATHS.rounds_raw(key)).read_text()
-    return [json.loads(line) for line in text.splitlines()]
+    return _rounds_of(repo, PATHS.rounds_raw(key))
+
+
+def _rounds_of(repo: Path, path: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (repo / path).read_text().splitlines()]
 
 
 @pytest.mark.timeout(1800)
@@ -154,3 +158,11 @@ def test_the_cutlass_family_is_tuned_at_source_level_on_the_simulated_gpu(
             structural += "using Gemm = cutlass::gemm::device::GemmUniversalAdapter" in text  # inlined
     assert structural > 0  # the scripted agent took CUTLASS kernels into its files and edited them
     assert validate_repo(repo, "cutlass") == []
+    key = sorted(state)[0]  # a stored kernel re-measured from the repo alone, as its record says
+    best = parse_tsv((repo / paths.results_tsv(key)).read_text())[-1]
+    argv = [sys.executable, "-m", "croqq", *best.run_command.split()[1:]]
+    env = {"PATH": "/usr/bin:/bin", "CROQQ_PROBE": "sim", "CROQQ_RUN_DIR": str(repo.parent / "measure")}
+    again = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stderr
+    stored = _rounds_of(repo, paths.rounds_raw(key))[-1]["idea"]
+    assert json.loads(again.stdout)["content_hash"] == stored["content_hash"]
