@@ -67,6 +67,7 @@ def source_run(work: Path, shapes: int = 8, iterations: int = 6, dsl: str = "cud
     kernels = sorted((clone / "kernels").glob("*/*_best.cu"))
     compiled = _compile_all(clone, kernels, dsl)
     structural = _structural_share(clone)
+    reasons = _attempt_reasons(clone)
     log.info(
         "source run: %d iterations stored in %.1fs; %d/%d best kernels compile",
         stored,
@@ -83,6 +84,7 @@ def source_run(work: Path, shapes: int = 8, iterations: int = 6, dsl: str = "cud
             reason: counters.get(f"attempts:{reason}", 0)
             for reason in ("compile", "check", "agent", "repeat")
         },
+        "source_run_attempt_reasons": reasons,
         "source_run_decisions": {d: counters.get(d, 0) for d in ("KEEP", "DISCARD", "FAIL")},
         "source_run_structural_share": structural,
         "source_run_best_kernels": len(compiled),
@@ -118,6 +120,24 @@ def _compile_all(clone: Path, kernels: list[Path], dsl: str) -> dict[str, bool]:
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(one, kernels))
+
+
+def _attempt_reasons(clone: Path) -> dict[str, int]:
+    """The stored attempts by reason: a knob rule (refused before any compile, by its why), a simulated
+    compile error, or the compiler's own first error line (its first words)."""
+    found: dict[str, int] = {}
+    for path in clone.glob("tuning/*/*/shapes/*/attempts.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            reason = str(record.get("reason", ""))
+            if reason.startswith("knob rule: "):
+                label = reason.split(" (rule:", 1)[0]
+            elif reason.startswith("simulated nvcc: "):
+                label = "simulated compile error"
+            else:
+                label = f"{record.get('kind')}: " + " ".join(reason.split()[:6])
+            found[label] = found.get(label, 0) + 1
+    return dict(sorted(found.items(), key=lambda item: -item[1]))
 
 
 def _structural_share(clone: Path) -> float:
