@@ -55,7 +55,7 @@ FLOOR_ENV = "CAPACITY_BENCH_FLOOR"
 FLOOR_DONE = "croqq:floor:done"
 LETTERS = "ibgs"  # croqq's order within an iteration: ideate, build (implement), gpu, store
 KIND = {"i": "ideate", "b": "implement", "g": "measure", "s": "store"}
-QUEUE = {"i": "ideate", "b": "build", "s": "store"}
+QUEUE = {"i": "ideate", "b": "build.cuda", "s": "store"}  # croqq's queues of the cuda family's steps
 PROFILE_START, PROFILE_DUMP = 3, 4  # offsets from SIGRTMIN (Celery installs handlers for SIGUSR1/2)
 
 
@@ -833,7 +833,7 @@ def _floor_worker(queue: str, pool: str, concurrency: int, prefetch: int) -> Non
     from croqq.processes.boot import celery_argv, host_name
 
     _floor_app().worker_main(
-        celery_argv(queue, f"floor-{queue}@{host_name()}", pool, concurrency, "WARNING", prefetch)
+        celery_argv([queue], f"floor-{queue}@{host_name()}", pool, concurrency, "WARNING", prefetch)
     )
 
 
@@ -846,7 +846,7 @@ def floor_workers(gpu_queues: list[str]) -> list[tuple[str, str, int, int]]:
     shared = [
         ("control", "solo", 1, 1),
         ("store", "solo", 1, 1),
-        ("build", s.build_pool, s.build_concurrency, 1),
+        (QUEUE["b"], s.build_pool, s.build_concurrency, 1),
         ("ideate", "threads", s.ideate_concurrency, 1),
     ]
     return shared + [(q, "prefork", 1, GPU_PREFETCH) for q in gpu_queues]
@@ -1045,7 +1045,7 @@ PART = {  # croqq's roles and the floor's workers, by the queue they serve
     "croqq coordinator": "control",
     "floor control": "control",
     "croqq build-worker": "build",
-    "floor build": "build",
+    f"floor {QUEUE['b']}": "build",
     "croqq ideate-worker": "ideate",
     "floor ideate": "ideate",
     "croqq gpu-worker": "gpu",
