@@ -268,7 +268,8 @@ def store_families(r: Reading) -> Iterator[Metric]:
     """The writer's commit latency and the results repo's size."""
     buckets, total = stats.commit_histogram(r.commits)
     commits = HistogramMetricFamily(
-        "croqq_writer_commit_seconds", "Time the writer took to store one STORE (stage and commit)."
+        "croqq_writer_commit_seconds",
+        "Time the writer took to stage and make one commit (one STORE, or a group of them).",
     )
     commits.add_metric([], buckets, total)
     yield commits

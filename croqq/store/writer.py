@@ -373,7 +373,7 @@ class ResultsWriter:
     def __init__(self, repo: GitRepo) -> None:
         self.repo = repo
         self._state_cache: StateCache = {}
-        self.on_commit: Callable[[float], None] | None = None  # seconds of each STORE that committed
+        self.on_commit: Callable[[float], None] | None = None  # seconds of each commit (of 1+ STOREs)
         self.guard: RepoGuard | None = None  # damage in the repo: nothing is committed on top of it
 
     def _require_intact(self) -> None:
