@@ -235,13 +235,7 @@ def loss_groups(model: base.ShapeModel, knobs: dict[str, int]) -> dict[str, floa
 
 
 def bottleneck(model: base.ShapeModel, knobs: dict[str, int], pred: base.Prediction) -> Bottleneck:
-    """launch when fixed overhead dominates, else the group losing most (at the optimum: roofline side)."""
-    if pred.launch_fraction > 0.3:
-        return "launch"
-    losses = loss_groups(model, knobs)
-    if max(losses.values()) < 0.03:
-        return "memory" if model.memory_bound else "compute"
-    return max(("memory", "latency", "compute"), key=lambda g: losses[g])
+    return base.classify(model, loss_groups(model, knobs), pred)
 
 
 def profile_metrics(

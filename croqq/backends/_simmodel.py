@@ -395,16 +395,18 @@ def loss_groups(model: ShapeModel, knobs: dict[str, int]) -> dict[str, float]:
     return {"memory": 1.0 - memory, "latency": 1.0 - latency, "compute": 1.0 - compute}
 
 
-def bottleneck(model: ShapeModel, knobs: dict[str, int], pred: Prediction) -> Bottleneck:
-    """launch when fixed overhead dominates, else the group losing most (at the optimum: roofline side)."""
+def classify(model: ShapeModel, losses: dict[str, float], pred: Prediction) -> Bottleneck:
+    """launch when fixed overhead dominates, else the group losing most (ties: memory, then latency; at the
+    optimum: the roofline's side). Every family model's bottleneck."""
     if pred.launch_fraction > 0.3:
         return "launch"
-    losses = loss_groups(model, knobs)
     if max(losses.values()) < 0.03:
         return "memory" if model.memory_bound else "compute"
-    if losses["memory"] >= max(losses["latency"], losses["compute"]):
-        return "memory"
-    return "latency" if losses["latency"] >= losses["compute"] else "compute"
+    return max(("memory", "latency", "compute"), key=lambda group: losses[group])
+
+
+def bottleneck(model: ShapeModel, knobs: dict[str, int], pred: Prediction) -> Bottleneck:
+    return classify(model, loss_groups(model, knobs), pred)
 
 
 def profile_metrics(
