@@ -67,7 +67,11 @@ PARTS: dict[str, tuple[str, Part]] = {
     "agent": ("agent overhead per IDEATE step", lambda w, a: agent_bench.overhead()),
     "compile": (
         "compile time per kernel family (sampled knob settings the rules accept, real nvcc)",
-        lambda w, a: compile_bench.run(w, a.compile_samples, tuple(filter(None, a.compile_dsls.split(",")))),
+        lambda w, a: compile_bench.run(
+            w,
+            a.compile_samples,
+            *(tuple(filter(None, v.split(","))) for v in (a.compile_dsls, a.compile_dtypes)),
+        ),
     ),
     "hosts": (
         "multi-host (namespace hosts: fault recovery, bytes per iteration)",
@@ -159,6 +163,9 @@ def _args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--compile-dsls", default="", help="compile: only these families (default: every one)"
+    )
+    parser.add_argument(
+        "--compile-dtypes", default="", help="compile: only these dtypes (default: every one of each family)"
     )
     args = parser.parse_args()
     args.parts = [p for p in args.only.split(",") if p]

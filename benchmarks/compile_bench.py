@@ -44,7 +44,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(work: Path, samples: int = SAMPLES, dsls: tuple[str, ...] = ()) -> dict[str, Any]:
+def run(
+    work: Path, samples: int = SAMPLES, dsls: tuple[str, ...] = (), dtypes: tuple[str, ...] = ()
+) -> dict[str, Any]:
     if shutil.which("nvcc") is None:
         log.warning("compile benchmark skipped: nvcc is not installed (the CUDA toolkit)")
         return {}
@@ -63,6 +65,8 @@ def run(work: Path, samples: int = SAMPLES, dsls: tuple[str, ...] = ()) -> dict[
     rng = random.Random(SEED)
     for dsl in dsls or tuple(manifest.dsls):
         for dtype in manifest.dsl(dsl).kernels:
+            if dtypes and dtype not in dtypes:
+                continue
             space = accepted(manifest, dsl, dtype, dims)
             picked = rng.sample(space, min(samples, len(space)))
             shape = Shape(dtype=dtype, m=dims[0], n=dims[1], k=dims[2])

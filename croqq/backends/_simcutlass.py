@@ -9,11 +9,17 @@ main-loop terms it shares, with the effects a CUTLASS user tunes:
   the stream-K scheduler spreads a partial last wave (or a grid of fewer tiles than SMs) over every SM at
   the price of its fix-up of split tiles;
 - **tile efficiency at the problem's edges**, and the grid rounded up to whole clusters;
+- **one pipeline fill per persistent CTA**: the producer warp loads the next tile's first stages while
+  the consumers finish the last one, so a short K costs the fill once per SM, not once per tile (the
+  epilogue still costs, see ping-pong);
 - **cluster multicast**: one TMA load feeds the CTAs of a cluster row or column, so the operand traffic
   from L2 falls with the cluster size (most for shapes that are not already compute-bound), with
   diminishing returns, while clusters beyond 2 CTAs pay for their barriers and harder placement;
 - **stages vs shared memory**: ``STAGES=0`` takes as many as fit beside the epilogue's staging; fewer than
   four leave the tensor cores waiting on TMA;
+- **the epilogue**: the TMA store (``EPILOGUE=0``) stages C through shared memory; direct stores from the
+  accumulators (``EPILOGUE=1``) free that memory for stages but cost where the epilogue is a large share
+  of a tile's time (a short main loop);
 - **split-K / stream-K** helping shapes with few output tiles and a long K, at a reduction cost;
 - **ping-pong vs cooperative**: ping-pong overlaps one warpgroup's epilogue with the other's main loop
   (worth most when the main loop is short), cooperative puts both warpgroups on one larger tile (more
@@ -44,6 +50,7 @@ KNOBS = (
     "CLUSTER_N",
     "STAGES",
     "SCHEDULE",
+    "EPILOGUE",
     "FAST_ACCUM",
     "SCHEDULER",
     "RASTER",
@@ -51,14 +58,15 @@ KNOBS = (
     "SPLITS",
 )
 SMEM_BYTES = 232448  # 227 KiB per CTA
-EPILOGUE_SMEM = 32768  # the TMA epilogue's staging, at most
+EPILOGUE_SMEM = 32768  # the TMA epilogue's staging, at most (EPILOGUE 1, direct stores, stages nothing)
+DIRECT_STORE_COST = 0.5  # direct stores from the accumulators: strided, and not overlapped as a TMA store
 EFF_SCALE = 2.6  # maps the best tile term of a large shape to ~0.8 of the roofline with the rest at 1
 FAST_ACCUM_GAIN = 1.25
 K_PREF = {1: {32: 0.80, 64: 0.90, 128: 1.0}, 2: {32: 0.85, 64: 1.0, 128: 0.97}}  # by operand bytes
 GROUPS = (  # the optimum is searched group by group, in this order, twice
     ("TILE_M", "TILE_N", "TILE_K", "SCHEDULE", "SCHEDULER", "SPLITS"),
     ("CLUSTER_M", "CLUSTER_N"),
-    ("STAGES",),
+    ("STAGES", "EPILOGUE"),
     ("RASTER", "SWIZZLE"),
 )
 
@@ -76,14 +84,18 @@ def runnable(knobs: dict[str, int], shape: Shape, a_bytes: int) -> bool:
         and (knobs["SPLITS"] == 1 or knobs["SCHEDULER"] == 1)
         and (knobs["SCHEDULER"] == 0 or coop)
         and tm * tn <= (32768 if coop else 16384)
-        and max(knobs["STAGES"], 2) * (tm + tn) * tk * a_bytes + EPILOGUE_SMEM <= SMEM_BYTES
+        and max(knobs["STAGES"], 2) * (tm + tn) * tk * a_bytes + epilogue_smem(knobs) <= SMEM_BYTES
     )
+
+
+def epilogue_smem(knobs: dict[str, int]) -> int:
+    return EPILOGUE_SMEM if knobs["EPILOGUE"] == 0 else 0
 
 
 def stages(knobs: dict[str, int], a_bytes: int) -> int:
     """The main loop's stages: ``STAGES``, or (0) as many as fit beside the epilogue's staging."""
     per_stage = (knobs["TILE_M"] + knobs["TILE_N"]) * knobs["TILE_K"] * a_bytes
-    return knobs["STAGES"] or max(1, (SMEM_BYTES - EPILOGUE_SMEM) // per_stage)
+    return knobs["STAGES"] or max(1, (SMEM_BYTES - epilogue_smem(knobs)) // per_stage)
 
 
 def compile_error(shape: Shape, knobs: dict[str, int], a_bytes: int) -> str | None:
@@ -98,18 +110,21 @@ def known_fault(knobs: dict[str, int], a_bytes: int) -> Outcome | None:
     return "wrong_answer" if knobs["FAST_ACCUM"] and a_bytes == 1 else None
 
 
-def _waves(shape: Shape, knobs: dict[str, int]) -> float:
+def _grid(shape: Shape, knobs: dict[str, int]) -> tuple[int, int, int]:
+    """The tiles, the grid rounded up to whole clusters, and the SMs that whole clusters occupy."""
     gm, gn = base.grid(shape, knobs["TILE_M"], knobs["TILE_N"])
     cm, cn = knobs["CLUSTER_M"], knobs["CLUSTER_N"]
-    usable = base.NUM_SMS // (cm * cn) * (cm * cn)  # SMs that whole clusters occupy
-    padded = math.ceil(gm / cm) * cm * math.ceil(gn / cn) * cn  # the grid in whole clusters
-    units = padded * knobs["SPLITS"]
-    waves = units / usable
+    padded = math.ceil(gm / cm) * cm * math.ceil(gn / cn) * cn
+    return gm * gn, padded, base.NUM_SMS // (cm * cn) * (cm * cn)
+
+
+def _waves(shape: Shape, knobs: dict[str, int]) -> float:
+    tiles, padded, usable = _grid(shape, knobs)
+    waves = padded * knobs["SPLITS"] / usable
     quantized = waves / math.ceil(waves) if waves >= 1.0 else math.sqrt(waves)
     if knobs["SCHEDULER"] == 1 and knobs["SPLITS"] == 1:  # stream-K: every SM busy, a fix-up per split tile
         quantized = 0.96 if waves >= 1.0 else 0.96 * min(1.0, 0.55 + 0.45 * math.sqrt(waves))
-    edge = gm * gn / padded
-    return quantized * edge * usable / base.NUM_SMS
+    return quantized * tiles / padded * usable / base.NUM_SMS
 
 
 def factors(model: base.ShapeModel, knobs: dict[str, int]) -> dict[str, float]:
@@ -117,10 +132,12 @@ def factors(model: base.ShapeModel, knobs: dict[str, int]) -> dict[str, float]:
     s, a_bytes = model.shape, model.a_bytes
     tm, tn, tk, splits = knobs["TILE_M"], knobs["TILE_N"], knobs["TILE_K"], knobs["SPLITS"]
     jitter = 1.0 + 0.02 * (base.unit(model.salt, "cutlass-tile", tm, tn, tk) - 0.5)
+    _, padded, usable = _grid(s, knobs)
+    per_sm = max(1.0, padded * splits / usable)  # the producer runs ahead across its tiles: one fill
     tile = (
         base.reuse(tm, tn)
         * base.tile_waste(s, tm, tn)
-        * base.kloop(s.k, tk, splits)
+        * base.kloop(s.k * per_sm, tk, splits)
         * K_PREF.get(a_bytes, K_PREF[2]).get(tk, 0.9)
         / (1.0 + 0.05 * (splits - 1))
         * jitter
@@ -148,6 +165,7 @@ def factors(model: base.ShapeModel, knobs: dict[str, int]) -> dict[str, float]:
         "schedule": schedule,
         "raster": raster,
         "swizzle": swizzle,
+        "epilogue": 1.0 - DIRECT_STORE_COST * epilogue if knobs["EPILOGUE"] == 1 else 1.0,
     }
 
 
@@ -228,7 +246,7 @@ def loss_groups(model: base.ShapeModel, knobs: dict[str, int]) -> dict[str, floa
         return math.prod(min(1.0, now[n] / best[n]) for n in names)
 
     return {
-        "memory": 1.0 - kept("tile", "raster", "swizzle"),
+        "memory": 1.0 - kept("tile", "raster", "swizzle", "epilogue"),
         "latency": 1.0 - kept("waves", "stages"),
         "compute": 1.0 - kept("schedule"),
     }
@@ -265,7 +283,7 @@ def profile_metrics(
                 * (knobs["TILE_M"] + knobs["TILE_N"])
                 * knobs["TILE_K"]
                 * model.a_bytes
-                + EPILOGUE_SMEM
+                + epilogue_smem(knobs)
             )
             / 1024,
             1,

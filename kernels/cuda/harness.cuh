@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "sparse_layout.cuh"
+
 namespace croqq::harness {
 
 // ---- results and failures ------------------------------------------------------------------------
@@ -440,6 +442,18 @@ inline Args parse_args(int argc, char** argv) {
   return args;
 }
 
+// A family whose kernel reads operands in a layout of its own defines
+// cudaError_t prepare(const Operands&, cudaStream_t): the harness calls it after each fill of an operand set,
+// outside every timed run (the CUTLASS family's 2:4 sparse A). Other families define nothing.
+template <class Op>
+auto prepare_operands(const Op& op, cudaStream_t stream, int) -> decltype(prepare(op, stream)) {
+  return prepare(op, stream);
+}
+template <class Op>
+cudaError_t prepare_operands(const Op&, cudaStream_t, long) {
+  return cudaSuccess;
+}
+
 inline int main_impl(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
   Result res;
@@ -475,6 +489,10 @@ inline int main_impl(int argc, char** argv) {
     if (args.cublas) return lt.run(in.a, in.b, c, stream) ? cudaSuccess : cudaErrorUnknown;
     return launch(Operands{in.a, in.b, in.meta, c, workspace}, stream);
   };
+  auto prepare_once = [&](const Inputs& in) -> cudaError_t {  // after a fill, before any run of the set
+    if (args.cublas) return cudaSuccess;
+    return prepare_operands(Operands{in.a, in.b, in.meta, c, workspace}, stream, 0);
+  };
   auto poison = [&]() { CROQQ_CHECK(res, cudaMemsetAsync(c, 0xFF, sizeof(__half) * M * N, stream)); };
 
   if (args.verify && !args.cublas) {  // cuBLASLt is the reference; it is not checked against itself
@@ -491,6 +509,7 @@ inline int main_impl(int argc, char** argv) {
     for (int seed = 0; seed < args.seeds; ++seed) {
       Inputs& in = inputs[0];
       fill_inputs(res, in, 1000u + seed, dense_a, false);
+      CROQQ_CHECK(res, prepare_once(in));
       const void* ref_a = kSparse ? dense_a : in.a;
       poison();
       CROQQ_CHECK(res, run_once(in));
@@ -529,7 +548,10 @@ inline int main_impl(int argc, char** argv) {
     if (dense_a) cudaFree(dense_a);
   }
 
-  for (size_t s = 0; s < sets; ++s) fill_inputs(res, inputs[s], 2000u + static_cast<uint32_t>(s), nullptr, args.cublas);
+  for (size_t s = 0; s < sets; ++s) {
+    fill_inputs(res, inputs[s], 2000u + static_cast<uint32_t>(s), nullptr, args.cublas);
+    CROQQ_CHECK(res, prepare_once(inputs[s]));
+  }
   // warm-up: at least --warmup runs and at least kWarmupMs of GPU time, so that the clocks have left
   // idle (an H200 idles at 345 MHz) before the first timed run, whatever the kernel's length
   int warm = 0;

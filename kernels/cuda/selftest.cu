@@ -57,6 +57,9 @@ int main() {
         const int kb = chunk / 8, h = (chunk % 8) / 4, j = chunk % 4;
         const uint32_t word = harness::meta_word(seed, (static_cast<size_t>(mb) * (K / 32) + kb) * 16 + g * 2 + h);
         const int nibble = (word >> (upper * 16 + j * 4)) & 0xF;
+        EXPECT(harness::meta_index(row, chunk) == (static_cast<size_t>(mb) * (K / 32) + kb) * 16 + g * 2 + h &&
+                   harness::meta_shift(row, chunk) == upper * 16 + j * 4,
+               "row %d chunk %d: meta_index/meta_shift disagree with the kernel's metadata index", row, chunk);
         const int p = harness::pattern(seed, static_cast<uint64_t>(row) * (K / 4) + chunk);
         const int expected = harness::kept(p, 0) | (harness::kept(p, 1) << 2);
         EXPECT(nibble == expected, "seed %u row %d chunk %d: nibble %x, expected %x", seed, row, chunk, nibble, expected);

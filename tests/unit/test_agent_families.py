@@ -20,7 +20,7 @@ from croqq.proposers.agent.proposer import AgentProposer
 from croqq.settings import Settings
 from tests.agents import MANIFEST, SHAPE, context, settings
 
-CUTLASS_EDITS = ("NoSmemWarpSpecialized", "+ 32 * 1024")  # what each scripted CUTLASS edit writes
+CUTLASS_EDITS = ("float, float, void, LayoutC", "+ 32 * 1024")  # what each scripted CUTLASS edit writes
 
 
 def context_json(dsl: str) -> tuple[dict[str, object], str, list[str]]:

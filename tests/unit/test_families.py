@@ -138,6 +138,12 @@ def test_knobs_the_hopper_kernel_cannot_run_break_a_rule_that_says_why(
     assert why is not None and reason in why
 
 
+def test_direct_stores_free_the_epilogue_staging_for_mainloop_stages(manifest: Manifest) -> None:
+    seven = {"TILE_N": 128, "STAGES": 7}  # 7 stages of 32 KiB: with the TMA epilogue's 32 KiB, over 227 KiB
+    assert broken(manifest, "f16", (8192, 8192, 8192), seven | {"EPILOGUE": 0}) is not None
+    assert broken(manifest, "f16", (8192, 8192, 8192), seven | {"EPILOGUE": 1}) is None
+
+
 def test_a_knob_candidate_that_breaks_a_rule_is_a_failed_build_without_a_compile(
     manifest: Manifest, tmp_path: Path
 ) -> None:

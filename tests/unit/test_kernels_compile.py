@@ -69,9 +69,11 @@ def test_the_cutlass_family_compiles_with_the_installed_nvidia_cutlass(
     backend = CudaBackend(manifest, Settings(build_dir=tmp_path, compile_timeout_s=COMPILE_TIMEOUT_S))
     outcomes = build_references(backend, (4096, 4096, 4096), dsls=("cutlass",))
     assert {key: o.reason for key, o in outcomes.items() if not o.ok} == {}
-    assert set(outcomes) == {("cutlass", "f16"), ("cutlass", "e4m3")}
+    assert set(outcomes) == {("cutlass", "f16"), ("cutlass", "e4m3"), ("cutlass", "f16sp")}
     for outcome in outcomes.values():  # WGMMA (sm_90a's warpgroup MMA) is in the binary, not mma.sync
         assert b"wgmma" in Path(backend.artifact_binary(outcome.artifact)).read_bytes()
+    sparse = Path(backend.artifact_binary(outcomes["cutlass", "f16sp"].artifact)).read_bytes()
+    assert b"MainloopSm90TmaGmmaWarpSpecializedSparse" in sparse  # sparse WGMMA, not dense on the zeros
 
 
 @pytest.mark.parametrize(

@@ -186,10 +186,10 @@ def test_measure_reports_consistent_timing_and_gpu_snapshots() -> None:
 def test_repeated_measures_differ_by_about_the_noise_and_replay_identically() -> None:
     first, second = backend(), backend()
     art = artifact(first, BIG)
-    runs = [first.measure(gpu(), BIG, [art])[0].tflops for _ in range(40)]
-    again = [second.measure(gpu(), BIG, [art])[0].tflops for _ in range(40)]
+    runs = [first.measure(gpu(), BIG, [art])[0].median_ms for _ in range(40)]
+    again = [second.measure(gpu(), BIG, [art])[0].median_ms for _ in range(40)]
     assert runs == again
-    assert len(set(runs)) == len(runs)
+    assert len(set(runs)) == len(runs)  # the TFLOPS, rounded to 0.001, may collide; the timings do not
     spread = statistics.stdev(runs) / statistics.mean(runs)
     assert 0.004 <= spread <= 0.015
 
@@ -321,11 +321,30 @@ def test_predicted_and_measured_tflops_never_exceed_the_peak() -> None:
     assert run.tflops <= peak["f16"] and run.hw_eff_pct <= 100
 
 
-def test_vendor_figure_is_a_cublas_like_share_of_the_optimum() -> None:
+def test_vendor_figure_is_a_cublas_like_share_of_the_best_kernel_on_hoppers_async_path() -> None:
     be = backend()
-    for shape in all_shapes()[::7]:
-        ratio = be.vendor_tflops(gpu(), shape) / be.optimum_tflops(GPU_TYPE, shape)  # type: ignore[operator]
-        assert 0.85 <= ratio <= 0.95
+    for shape in [*all_shapes()[::7], parse_key("f16sp_8192x8192x8192")]:
+        vendor = be.vendor_tflops(gpu(), shape)
+        assert vendor is not None
+        assert 0.85 <= vendor / be.optimum_tflops(GPU_TYPE, shape, "cutlass") <= 0.95, shape.key
+    assert (be.vendor_tflops(gpu(), BIG) or 0.0) > 1.1 * be.optimum_tflops(GPU_TYPE, BIG)
+    cuda_only = manifest().model_copy(update={"dsls": {"cuda": manifest().dsl("cuda")}})
+    alone = SimBackend(cuda_only, Settings(time_scale=0.0))  # no cutlass family: the cuda family's best
+    ratio = (alone.vendor_tflops(gpu(), BIG) or 0.0) / be.optimum_tflops(GPU_TYPE, BIG)  # freed of its limit
+    assert 0.85 / 0.8 <= ratio <= 0.95 / 0.8
+
+
+def test_the_mma_sync_family_tops_out_where_mma_sync_kernels_do_on_hopper() -> None:
+    """The cuda family's instruction path (mma.sync, cp.async) reaches ~60-65% of an H100's dense peak,
+    the cutlass family's (WGMMA, TMA) ~80%: the search space of the first does not hold the answer."""
+    be = backend()
+    peak = {d: be.peak_tflops(GPU_TYPE, d) for d in ("f16", "e4m3")}
+    demo = parse_key("f16_4096x16384x8192")  # 794.8 of 989 TFLOPS before the path's limit
+    for shape in (demo, BIG):
+        assert 0.58 <= be.optimum_tflops(GPU_TYPE, shape) / peak["f16"] <= 0.65, shape.key
+        assert be.optimum_tflops(GPU_TYPE, shape) < 0.8 * be.optimum_tflops(GPU_TYPE, shape, "cutlass")
+    for shape in all_shapes():
+        assert be.optimum_tflops(GPU_TYPE, shape) <= 0.66 * peak[shape.dtype], shape.key
 
 
 def test_profile_classifies_the_bottleneck_with_ncu_like_metrics() -> None:

@@ -87,6 +87,12 @@ def test_ping_pong_wins_on_a_short_main_loop_and_cooperative_on_a_long_one() -> 
     assert tflops(BIG, SCHEDULE=1, **tile) < tflops(BIG, SCHEDULE=0, **tile)
 
 
+def test_direct_stores_cost_where_the_epilogue_is_a_large_share_of_a_tile() -> None:
+    short = parse_key("f16_4096x4096x256")  # 4 k-tiles per output tile: the epilogue is a fifth of it
+    assert tflops(short, EPILOGUE=1) < 0.95 * tflops(short, EPILOGUE=0)
+    assert tflops(BIG, EPILOGUE=1) > 0.99 * tflops(BIG, EPILOGUE=0)  # 128 k-tiles: it hardly shows
+
+
 def test_fp8_fast_accumulation_is_faster_and_a_wrong_answer_as_on_an_h200() -> None:
     shape, be = parse_key("e4m3_8192x8192x8192"), backend()
     fast = knobs_for(shape, FAST_ACCUM=1)

@@ -32,7 +32,7 @@ def reference():  # type: ignore[no-untyped-def]
 
 def test_the_closure_holds_every_header_included_transitively() -> None:
     cand = reference()
-    assert set(cand.headers) == {"gemm_f16.cuh", "gemm_core.cuh", "harness.cuh"}
+    assert set(cand.headers) == {"gemm_f16.cuh", "gemm_core.cuh", "harness.cuh", "sparse_layout.cuh"}
     assert cand.headers["gemm_core.cuh"] == (ROOT / "kernels/cuda/gemm_core.cuh").read_text()
 
 
@@ -60,7 +60,7 @@ def test_stored_files_are_content_addressed_and_read_back_to_the_same_candidate(
     kernel = f"{RUN}/shapes/{SHAPE.key}/srcs/iter003_x.cu"
     files = src.stored_files(RUN, kernel, cand.source, cand.headers)
     headers = sorted(p for p in files if p != kernel)
-    assert len(headers) == 3 and all(p.startswith(f"{RUN}/headers/") for p in headers)
+    assert len(headers) == 4 and all(p.startswith(f"{RUN}/headers/") for p in headers)
     assert '#include "../../../headers/' in files[kernel]
     again = src.stored_files(RUN, f"{RUN}/shapes/{SHAPE.key}/srcs/iter004_y.cu", cand.source, cand.headers)
     assert sorted(p for p in again if "/headers/" in p) == headers  # once per distinct content

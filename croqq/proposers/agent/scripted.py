@@ -15,8 +15,8 @@ the same workspace gives the same answer.
   include becomes the family's define, the text of the kernel header it includes first, gemm_core.cuh
   or cutlass_sm90.cuh, and its other includes), then one structural edit not listed in ideas.md when
   avoidable: an unroll factor, the __launch_bounds__ minimum of resident CTAs, the CTA raster order, the
-  cp.async wait depth (cuda); the epilogue schedule, the shared memory the automatic stage count leaves
-  out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly). ``regenerate``
+  cp.async wait depth (cuda); the epilogue without its C source, the shared memory the automatic stage
+  count leaves out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly). ``regenerate``
   may add a three-knob jump. About 8% of the edits come out broken (a typo'd identifier, a missing
   semicolon: :data:`BROKEN`) and really fail nvcc.
 
@@ -97,12 +97,10 @@ SWAPS = (  # (kind, text, replacement, the idea in words): edits of one spelled-
     ),
     (  # the cutlass family (cutlass_sm90.cuh)
         "epilogue",
-        "using EpiSchedule = std::conditional_t<SCHEDULE == 0, "
-        "cutlass::epilogue::TmaWarpSpecializedCooperative,\n"
-        "                                       cutlass::epilogue::TmaWarpSpecialized>;",
-        "using EpiSchedule = cutlass::epilogue::NoSmemWarpSpecialized;",
-        "store C straight from the accumulators (NoSmemWarpSpecialized epilogue, no TMA store) so the "
-        "epilogue's shared memory goes to mainloop stages",
+        "EpilogueTileAuto, float, float, Out, LayoutC,",
+        "EpilogueTileAuto, float, float, void, LayoutC,",
+        "drop the epilogue's C source (beta is 0, C is never read): no C loads, and the shared memory "
+        "it staged goes to the mainloop's stages",
     ),
     (
         "pipeline",
