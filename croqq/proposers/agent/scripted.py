@@ -16,8 +16,8 @@ the same workspace gives the same answer.
   or cutlass_sm90.cuh, and its other includes), then one structural edit not listed in ideas.md when
   avoidable: an unroll factor, the __launch_bounds__ minimum of resident CTAs, the CTA raster order, the
   cp.async wait depth (cuda); the epilogue without its C source, the shared memory the automatic stage
-  count leaves out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly). ``regenerate``
-  may add a three-knob jump. About 8% of the edits come out broken (a typo'd identifier, a missing
+  count leaves out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly).
+  ``regenerate`` may add a three-knob jump. About 8% of the edits come out broken (a typo'd identifier, a missing
   semicolon: :data:`BROKEN`) and really fail nvcc.
 
 Tests only: ``CROQQ_SCRIPTED_MISBEHAVE=<name>`` does the wrong thing :data:`MISBEHAVIOURS` names instead
