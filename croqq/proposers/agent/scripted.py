@@ -17,8 +17,8 @@ the same workspace gives the same answer.
   avoidable: an unroll factor, the __launch_bounds__ minimum of resident CTAs, the CTA raster order, the
   cp.async wait depth (cuda); the epilogue without its C source, the shared memory the automatic stage
   count leaves out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly).
-  ``regenerate`` may add a three-knob jump. About 8% of the edits come out broken (a typo'd identifier, a missing
-  semicolon: :data:`BROKEN`) and really fail nvcc.
+  ``regenerate`` may add a three-knob jump. About 8% of the edits come out broken (a typo'd identifier, a
+  missing semicolon: :data:`BROKEN`) and really fail nvcc.
 
 Tests only: ``CROQQ_SCRIPTED_MISBEHAVE=<name>`` does the wrong thing :data:`MISBEHAVIOURS` names instead
 (``CROQQ_SCRIPTED_TARGET``: where ``symlink`` points).
