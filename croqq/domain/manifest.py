@@ -37,6 +37,9 @@ class Mode(_Strict):
     seed: Literal["reference", "naive"]
 
 
+SPARSE_FAMILY = "gemm_sparse24"  # a dtype of this family has a 2:4 structured-sparse A
+
+
 class DtypeSpec(_Strict):
     family: str
     atol: float = Field(gt=0)
@@ -166,6 +169,7 @@ class DslSpec(_Strict):
         """Why these knobs cannot run on this shape (the first rule they break), None when they can."""
         m, n, k = shape
         env = {**knobs, "M": m, "N": n, "K": k, "A_BYTES": dtype.a_bytes, "C_BYTES": dtype.c_bytes}
+        env["SPARSE"] = int(dtype.family == SPARSE_FAMILY)
         return rules.first_broken(((r.require, r.why) for r in self.rules), env)
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """A kernel family's knob rules: which knob combinations the hardware cannot run, and why.
 
 A rule is a Python-syntax boolean expression that must hold, over the knob names, the shape (``M``, ``N``,
-``K``) and the dtype's element sizes (``A_BYTES``, ``C_BYTES``), with a one-line reason::
+``K``), the dtype's element sizes (``A_BYTES``, ``C_BYTES``) and ``SPARSE`` (1 where A is 2:4 sparse, so a
+stage holds half of A's tile), with a one-line reason::
 
     {"require": "STAGES * (TILE_M + TILE_N) * TILE_K * A_BYTES <= 232448", "why": "stages exceed 227 KiB"}
 
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import CodeType
 from typing import Any
 
-SHAPE_NAMES = ("M", "N", "K", "A_BYTES", "C_BYTES")
+SHAPE_NAMES = ("M", "N", "K", "A_BYTES", "C_BYTES", "SPARSE")
 
 _OPERATORS = (
     ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod,

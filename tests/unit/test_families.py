@@ -138,6 +138,17 @@ def test_knobs_the_hopper_kernel_cannot_run_break_a_rule_that_says_why(
     assert why is not None and reason in why
 
 
+def test_the_cuda_shared_memory_rule_counts_a_sparse_a_at_half_with_its_metadata(manifest: Manifest) -> None:
+    """The kernel's own count (gemm_core.cuh's kStageBytes): 256x64x64 in 6 stages is 240 KiB of dense f16,
+    which a rule that counted every A as sparse let through to a static_assert."""
+    spec, dims = manifest.dsl("cuda"), (4096, 8192, 8192)
+    knobs = {"TILE_M": 256, "TILE_N": 64, "TILE_K": 64, "STAGES": 6, "WARPS_M": 1, "WARPS_N": 4}
+    knobs |= {"RASTER": 1, "SWIZZLE": 2, "SPLIT_K": 2, "EPI_VEC": 2}
+    why = spec.broken_rule(knobs, dims, manifest.dtypes["f16"])
+    assert why is not None and "227 KiB" in why
+    assert spec.broken_rule(knobs, dims, manifest.dtypes["f16sp"]) is None  # 156 KiB
+
+
 def test_direct_stores_free_the_epilogue_staging_for_mainloop_stages(manifest: Manifest) -> None:
     seven = {"TILE_N": 128, "STAGES": 7}  # 7 stages of 32 KiB: with the TMA epilogue's 32 KiB, over 227 KiB
     assert broken(manifest, "f16", (8192, 8192, 8192), seven | {"EPILOGUE": 0}) is not None
