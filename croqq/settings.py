@@ -243,6 +243,12 @@ class Settings(BaseSettings):
     max_step_failures: int = Field(
         3, ge=1, description="Unexpected errors before a shape is parked as 'error'."
     )
+    max_attempts_in_a_row: int = Field(
+        50,
+        ge=1,
+        description="Attempts in a row (candidates refused, repeated or failing to build; nothing measured) "
+        "before a shape is parked as 'error': its proposer is stuck.",
+    )
     task_events: bool = Field(
         True, description="Workers send task events and event heartbeats (Flower lists workers from them)."
     )

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from croqq.domain.decide import BASELINE, KEEP, counted_tflops, decide
 from croqq.domain.records import (
+    FAILING_KINDS,
     BuildOutcome,
     Idea,
     Measurement,
@@ -227,6 +228,11 @@ class Loop(BaseModel):
     seed_source: str = ""
     consecutive_discards: int = 0
     attempts: int = 0
+    attempts_in_a_row: int = Field(
+        0,
+        description="Attempts since the last iteration with a candidate repeated, refused or unbuildable: "
+        "a proposer stuck on them parks the shape.",
+    )
     profile_due: bool = False
     last_profile: Profile | None = None
     profile_fresh: bool = False
@@ -325,6 +331,12 @@ def _baseline(loop: Loop, ev: BaselineMeasured) -> Loop:
     )
 
 
+def _counts_as_stuck(pending: Pending) -> bool:
+    """A repeated, refused or unbuildable candidate; not the agent's own failure (its back-off handles
+    that, and the shape waits)."""
+    return pending.rejection is None or pending.rejection.kind not in FAILING_KINDS
+
+
 def _stored(loop: Loop, ev: Stored) -> Loop:
     pending = loop.pending
     if pending is None:
@@ -333,7 +345,12 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
         if ev.iteration is not None:
             raise IllegalTransitionError(f"an attempt was stored as iteration {ev.iteration}")
         return loop.model_copy(
-            update={"phase": Phase.IDEATE, "pending": None, "attempts": pending.attempt_no}
+            update={
+                "phase": Phase.IDEATE,
+                "pending": None,
+                "attempts": pending.attempt_no,
+                "attempts_in_a_row": loop.attempts_in_a_row + int(_counts_as_stuck(pending)),
+            }
         )
     if ev.iteration != pending.iteration:
         raise IllegalTransitionError(
@@ -350,6 +367,7 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
                 "best_source": loop.seed_source,
                 "best_tag": "baseline",
                 "profile_due": True,
+                "attempts_in_a_row": 0,
             }
         )
         return _after_store(updated)
@@ -359,6 +377,7 @@ def _stored(loop: Loop, ev: Stored) -> Loop:
     update: dict[str, object] = {
         "current_iter": pending.iteration,
         "profile_fresh": False,
+        "attempts_in_a_row": 0,
         "consecutive_discards": 0 if keep else loop.consecutive_discards + 1,
         "keeps": loop.keeps + int(keep),
         "fails": loop.fails + int(decision.startswith("FAIL_")),

@@ -64,6 +64,7 @@ class NeighbourKernel(_Record):
 
 
 RejectionKind = Literal["agent", "check", "repeat"]  # the agent failed / its answer broke a rule / repeat
+FAILING_KINDS: tuple[RejectionKind, ...] = ("agent", "check")  # the agent's health: backed off, never parked
 
 
 class Rejection(_Record):

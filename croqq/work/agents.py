@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import redis
 
 from croqq.delivery import keys
-from croqq.domain.records import Idea, Rejection
+from croqq.domain.records import FAILING_KINDS, Idea, Rejection
 from croqq.errors import DeferredError
 from croqq.settings import Settings, get_settings
 
-FAILING_KINDS = ("agent", "check")
 DEFER_SLEEP_S = 5.0
 
 

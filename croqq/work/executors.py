@@ -115,7 +115,14 @@ def ideate(rt: Runtime, state: ShapeState, msg: StepMessage) -> Proposed | Rejec
     """Gather the iteration's ``loop.candidates`` candidates: while transfer is due, the nearest advanced
     neighbours' best kernels fill the first slots (no proposer call for them), the proposer the slots left
     (:func:`gather`); one event names them all (:func:`candidates_event`). A simulated think time applies
-    when the proposer was called."""
+    when the proposer was called. A proposer that has produced only attempts for
+    ``max_attempts_in_a_row`` calls parks the shape (TerminalError) instead of looping on."""
+    stuck = state.loop.attempts_in_a_row
+    if stuck >= rt.settings.max_attempts_in_a_row:
+        raise TerminalError(
+            f"{stuck} attempts in a row and nothing measured (attempts.jsonl says why): its proposer "
+            "is stuck; fix it or raise CROQQ_MAX_ATTEMPTS_IN_A_ROW, then `croqq retry`"
+        )
     proposer = rt.proposer
     ctx = propose_context(rt, state)
     ready = transfer.neighbour_ideas(rt, state, ctx, limit=ctx.candidates)

@@ -164,6 +164,7 @@ class Intake:
                     return False
                 log.warning("%s resumed by retry (it was parked: %s)", state.key, state.error)
                 state.error, state.step_id = "", None
+                state.loop = state.loop.model_copy(update={"attempts_in_a_row": 0})  # its proposer: fixed
                 release_gpu(pipe, state)
                 self.ledger.save_shape(pipe, state)
                 return True

@@ -1,6 +1,7 @@
 """Source-level tuning through the whole cluster with a real agent subprocess per IDEATE: the scripted
-reference agent rewrites sources, every stored kernel compiles from the repo alone, and an agent that
-keeps failing is backed off and reported unhealthy while its shapes wait (never parked)."""
+reference agent rewrites sources, every stored kernel compiles from the repo alone, an agent that keeps
+failing is backed off and reported unhealthy while its shapes wait (never parked), and one that keeps
+giving the same refused answer parks its shapes with the reason."""
 
 from __future__ import annotations
 
@@ -66,6 +67,45 @@ def test_the_scripted_agent_tunes_sources_end_to_end(cluster_env: dict[str, str]
     assert health[0].calls >= by_agent > 0  # every agent call counted, failed ones too
     assert changes == {"knobs", "structural"}  # two knob-only changes in a row ask for a structural one
     assert validate_repo(repo, None) == []
+
+
+STUCK = """\
+import os, runpy, sys
+os.environ["CROQQ_SCRIPTED_MISBEHAVE"] = "unchanged"
+sys.argv = [%(scripted)r]
+runpy.run_path(%(scripted)r, run_name="__main__")
+"""
+
+
+@pytest.mark.timeout(1800)
+def test_an_agent_stuck_on_one_answer_parks_its_shapes_with_why(
+    cluster_env: dict[str, str], tmp_path: Path
+) -> None:
+    """It returns the best kernel unchanged, every time: each answer is a repeat, an attempt; after
+    CROQQ_MAX_ATTEMPTS_IN_A_ROW of them the shape is parked with the reason, not called on for ever."""
+    from croqq.proposers.agent.presets import SCRIPTED
+
+    script = tmp_path / "stuck_agent.py"
+    script.write_text(STUCK % {"scripted": str(SCRIPTED)})
+    env = cluster_env | {
+        "CROQQ_PROPOSER": "agent",
+        "CROQQ_AGENT": "command",
+        "CROQQ_AGENT_COMMAND": f"{sys.executable} -I {script}",
+        "CROQQ_MAX_ATTEMPTS_IN_A_ROW": "3",
+    }
+    with LocalCluster(env) as cluster:
+        cluster.wait_gpus()
+        sub = cluster.submit("f16", max_iter=3, limit=2)
+        snap = cluster.wait_done(sub, timeout_s=600)
+        assert (snap.total.done, snap.total.error) == (0, 2)
+        for shape in snap.shapes.values():
+            assert "3 attempts in a row and nothing measured" in shape.error and "croqq retry" in shape.error
+            assert shape.current_iter == 0  # the baseline, then only attempts
+    repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
+    for key in json.loads((repo / RUN / "state.json").read_text())["shapes"]:
+        attempts = [json.loads(line) for line in (repo / PATHS.attempts(key)).read_text().splitlines()]
+        assert [a["attempt_no"] for a in attempts] == [1, 2, 3]
+        assert all("returned the best source unchanged" in a["reason"] for a in attempts)
 
 
 FLAKY = """\

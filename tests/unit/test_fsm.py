@@ -181,6 +181,24 @@ def test_a_rejected_ideate_is_an_attempt_that_uses_no_iteration_id_and_the_shape
     )
 
 
+def test_attempts_in_a_row_count_what_a_stuck_proposer_makes_and_an_iteration_resets_them() -> None:
+    def attempt(loop: Loop, event: Rejected | Built) -> Loop:
+        if isinstance(event, Built):
+            loop = transition(loop, EVENTS["proposed"])
+        return transition(transition(loop, event), Stored(iteration=None))
+
+    repeat = Rejected(rejection=Rejection(proposer="p", reason="repeats an earlier candidate", kind="repeat"))
+    loop = at(Phase.IDEATE)
+    for event in (repeat, Built(build=BuildOutcome(ok=False, reason="error: expected a ;")), repeat):
+        loop = attempt(loop, event)
+    assert (loop.attempts, loop.attempts_in_a_row) == (3, 3)
+    down = Rejected(rejection=Rejection(proposer="p", reason="agent p exited 7", kind="agent"))
+    loop = attempt(loop, down)  # the agent's own failure: its back-off handles it, the shape waits
+    assert (loop.attempts, loop.attempts_in_a_row) == (4, 3)
+    loop = run_iteration(loop, measured(90.0, best=100.0))
+    assert (loop.attempts, loop.attempts_in_a_row) == (4, 0)
+
+
 def test_a_kept_idea_makes_its_source_the_best_source() -> None:
     source = '#define TILE_M 64\n#include "gemm_f16.cuh"\n'
     loop = at(Phase.IDEATE)

@@ -300,6 +300,26 @@ def test_the_scripted_agent_writes_exactly_its_answer_and_is_deterministic(
     assert answer(tmp_path / "c") != runs[0]
 
 
+@pytest.mark.parametrize("phase", ["knobs", "structural"])
+def test_an_answer_that_became_an_attempt_is_not_given_again(tmp_path: Path, phase: str) -> None:
+    """history.md ending in attempts (refused, repeated, unbuildable) is another draw: an agent that gave
+    the same answer again would be refused again, for ever."""
+    rows = [
+        "| iter | decision | TFLOPS | change | proposer | idea | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows.append("| 000 | BASELINE | 600.00 | - | - | baseline | - |")
+    answers = []
+    for attempts in range(4):
+        ws = layout(tmp_path / str(attempts), phase, iteration=5)
+        (ws / contract.HISTORY).write_text("\n".join(rows) + "\n")
+        answers.append(propose_in(ws))
+        rows.append(f"| attempt {attempts + 1} after 0 | ATTEMPT_repeat | 0.00 | - | scripted | x | y |")
+    assert answers[1] != answers[0] and len(set(answers)) >= 3  # each a new draw (a few edit kinds only)
+    assert scripted().attempts_since_iteration("\n".join(rows[:3])) == 0
+    assert scripted().attempts_since_iteration("\n".join(rows)) == 4
+
+
 def test_knob_phase_moves_one_or_two_knobs_to_neighbouring_values(tmp_path: Path) -> None:
     space = manifest().dsl("cuda").knobs
     best = template()

@@ -5,8 +5,9 @@ it reads context.json, best.cu, ideas.md and include/, and writes exactly candid
 Standard library only (it runs jailed, with an isolated interpreter), so the few file names it needs are
 declared again below.
 
-It edits best.cu the way a careful engineer would, seeded by sha256(key, iteration, best.cu, ideas.md):
-the same workspace gives the same answer.
+It edits best.cu the way a careful engineer would, seeded by sha256(key, iteration, best.cu, ideas.md, and
+the attempts since the last iteration in history.md): the same workspace gives the same answer, and an
+answer that was refused or did not build is not given again.
 
 - phase ``knobs``: one or two knob ``#define`` values moved to a neighbouring value of the knob space,
   leaning towards the moves the profile's bottleneck suggests and staying inside the shared-memory and
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 BEST, CONTEXT, IDEAS, INCLUDE = "best.cu", "context.json", "ideas.md", "include"  # as in contract.py
+HISTORY = "history.md"
 CANDIDATE, SUMMARY = "candidate.cu", "SUMMARY.txt"
 HARNESS = "harness.cuh"
 BROKEN_RATE = 0.08
@@ -126,6 +128,17 @@ def define_re(name: str) -> re.Pattern[str]:
     return re.compile(rf"^([ \t]*#[ \t]*define[ \t]+{name}[ \t]+)\(?(-?\d+)\)?", re.MULTILINE)
 
 
+def attempts_since_iteration(history: str) -> int:
+    """The attempt rows at the end of history.md (after its last iteration's)."""
+    rows = [line for line in history.splitlines() if line.startswith("| ") and not line.startswith("| iter ")]
+    count = 0
+    for row in reversed(rows):
+        if not row.startswith("| attempt "):
+            break
+        count += 1
+    return count
+
+
 @dataclass(frozen=True)
 class Workspace:
     ctx: dict[str, Any]
@@ -138,7 +151,15 @@ class Workspace:
         ctx = json.loads(Path(CONTEXT).read_text(encoding="utf-8"))
         best = Path(BEST).read_text(encoding="utf-8")
         ideas = Path(IDEAS).read_text(encoding="utf-8") if Path(IDEAS).is_file() else ""
-        digest = hashlib.sha256("\0".join([str(ctx["key"]), str(ctx["iteration"]), best, ideas]).encode())
+        parts = [str(ctx["key"]), str(ctx["iteration"]), best, ideas]
+        retries = (
+            attempts_since_iteration(Path(HISTORY).read_text(encoding="utf-8"))
+            if Path(HISTORY).is_file()
+            else 0
+        )
+        if retries:  # the last answers were refused or did not build: another draw, not the same again
+            parts.append(f"retry {retries}")
+        digest = hashlib.sha256("\0".join(parts).encode())
         return cls(ctx, best, ideas, int.from_bytes(digest.digest()[:8], "big"))
 
     def get(self, name: str, default: Any = None) -> Any:
