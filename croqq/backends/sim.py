@@ -484,7 +484,7 @@ class SimBackend(Backend):
         return round(self.library_tflops(gpu.gpu_type, shape) * ratio, 3)
 
     def library_tflops(self, gpu_type: str, shape: Shape) -> float:
-        """The best kernel on Hopper's asynchronous path (WGMMA, TMA), where the vendor library's run,
+        """The best kernel on Hopper's asynchronous path (WGMMA, TMA), the one vendor libraries run,
         whichever family is tuned: the cutlass model's optimum where a family with its knobs has this
         dtype, else the tuned family's optimum freed of its instruction path's limit."""
         for dsl, spec in self.manifest.dsls.items():
