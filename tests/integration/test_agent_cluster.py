@@ -69,12 +69,16 @@ def test_the_scripted_agent_tunes_sources_end_to_end(cluster_env: dict[str, str]
     assert validate_repo(repo, None) == []
 
 
-STUCK = """\
-import os, runpy, sys
-os.environ["CROQQ_SCRIPTED_MISBEHAVE"] = "unchanged"
-sys.argv = [%(scripted)r]
-runpy.run_path(%(scripted)r, run_name="__main__")
-"""
+def scripted_behind(tmp_path: Path, name: str, prelude: str) -> str:
+    """A command agent: ``prelude`` (Python, may exit), then the scripted agent; its command line."""
+    from croqq.proposers.agent.presets import SCRIPTED
+
+    script = tmp_path / f"{name}.py"
+    script.write_text(
+        f"import os, pathlib, runpy, sys\n{prelude}\n"
+        f"sys.argv = [{str(SCRIPTED)!r}]\nrunpy.run_path({str(SCRIPTED)!r}, run_name='__main__')\n"
+    )
+    return f"{sys.executable} -I {script}"
 
 
 @pytest.mark.timeout(1800)
@@ -83,14 +87,11 @@ def test_an_agent_stuck_on_one_answer_parks_its_shapes_with_why(
 ) -> None:
     """It returns the best kernel unchanged, every time: each answer is a repeat, an attempt; after
     CROQQ_MAX_ATTEMPTS_IN_A_ROW of them the shape is parked with the reason, not called on for ever."""
-    from croqq.proposers.agent.presets import SCRIPTED
-
-    script = tmp_path / "stuck_agent.py"
-    script.write_text(STUCK % {"scripted": str(SCRIPTED)})
+    stuck = 'os.environ["CROQQ_SCRIPTED_MISBEHAVE"] = "unchanged"'
     env = cluster_env | {
         "CROQQ_PROPOSER": "agent",
         "CROQQ_AGENT": "command",
-        "CROQQ_AGENT_COMMAND": f"{sys.executable} -I {script}",
+        "CROQQ_AGENT_COMMAND": scripted_behind(tmp_path, "stuck_agent", stuck),
         "CROQQ_MAX_ATTEMPTS_IN_A_ROW": "3",
     }
     with LocalCluster(env) as cluster:
@@ -108,30 +109,21 @@ def test_an_agent_stuck_on_one_answer_parks_its_shapes_with_why(
         assert all("returned the best source unchanged" in a["reason"] for a in attempts)
 
 
-FLAKY = """\
-import pathlib, runpy, sys
-if pathlib.Path(sys.argv[1]).exists():
-    print("model endpoint unreachable", file=sys.stderr)
-    sys.exit(7)
-sys.argv = [%(scripted)r]
-runpy.run_path(%(scripted)r, run_name="__main__")
-"""
-
-
 @pytest.mark.timeout(1800)
 def test_a_failing_agent_is_backed_off_reported_and_its_shapes_wait(
     cluster_env: dict[str, str], tmp_path: Path
 ) -> None:
-    from croqq.proposers.agent.presets import SCRIPTED
-
     flag = tmp_path / "down"
     flag.write_text("1")
-    script = tmp_path / "flaky_agent.py"
-    script.write_text(FLAKY % {"scripted": str(SCRIPTED)})
+    down = (
+        "if pathlib.Path(sys.argv[1]).exists():\n"
+        '    print("model endpoint unreachable", file=sys.stderr)\n'
+        "    sys.exit(7)"
+    )
     env = cluster_env | {
         "CROQQ_PROPOSER": "agent",
         "CROQQ_AGENT": "command",
-        "CROQQ_AGENT_COMMAND": f"{sys.executable} -I {script} {flag}",
+        "CROQQ_AGENT_COMMAND": f"{scripted_behind(tmp_path, 'flaky_agent', down)} {flag}",
         "CROQQ_AGENT_BACKOFF_AFTER": "2",
         "CROQQ_AGENT_BACKOFF_S": "2",
         "CROQQ_AGENT_BACKOFF_MAX_S": "2",
