@@ -29,6 +29,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ IDLE_S, SETTLE_S = 10.0, 2.0
 HEARTBEATS = 2000
 TICKS = 5  # coordinator ticks priced at TARGET_GPUS registered GPUs
 GROUP = 16  # the group-commit run's CROQQ_STORE_GROUP
+DRAINS, PAUSE_MAX_S, STILL_S = 6, 3.0, 0.4  # backlog drains; a pause stays well inside the 10 s lease TTL
 ROUNDS = 2
 HISTORY_RUNS, HISTORY_DEPTH, HOT_KEYS, MEASURED = 4, 94, 5, 20  # 4 x 268 keys x 94 = 100,768 iterations
 PROFILE_ENV = "CAPACITY_BENCH_PROFILE_DIR"  # not CROQQ_*: Settings forbids unknown CROQQ_ names
@@ -606,10 +608,17 @@ def _store_busy_s(records: list[dict[str, str]], dtype: str) -> float:
     return busy_s([(float(r["started_at"]), float(r["finished_at"])) for r in stores]) / len(stores)
 
 
+def _subjects(repo: Path) -> list[str]:
+    """The results repo's commit subjects, newest first."""
+    return subprocess.run(
+        ["git", "-C", str(repo), "log", "--format=%s"], check=True, capture_output=True, text=True
+    ).stdout.splitlines()
+
+
 def group_run(work: Path, server: Any, group: int = GROUP) -> dict[str, float]:
     """The same cluster with group commit (``CROQQ_STORE_GROUP=group``) on a flushed ``server``, one batch
     under ``appendfsync always``: the writer's busy time per STORE, the STOREs per commit, Redis's
-    commands and CPU per stored iteration."""
+    commands and CPU per stored iteration; then the writer at saturation (:func:`drain_cost`)."""
     from croqq.processes.local import LocalCluster
 
     client = server.client()
@@ -622,9 +631,11 @@ def group_run(work: Path, server: Any, group: int = GROUP) -> dict[str, float]:
         batch, wall, writer = _batch(cluster, client, "f16")
         idle = _idle_rate(client, IDLE_S)
         records = [r for r in _ledger(client) if r.get("status") == "done"]
-    subjects = subprocess.run(
-        ["git", "-C", str(work / "results"), "log", "--format=%s"], check=True, capture_output=True, text=True
-    ).stdout.splitlines()
+        subjects = _subjects(work / "results")
+        drained = drain_cost(cluster, client, "e4m3")
+        drained["drain_stores_per_commit"] = stores_per_commit(
+            (after := _subjects(work / "results"))[: len(after) - len(subjects)]
+        )
     per_iter = (batch - idle.scaled(wall)).scaled(1.0 / (SHAPES * (MAX_ITER + 1)))
     return {
         "store_busy_s": _store_busy_s(records, "f16"),
@@ -633,6 +644,74 @@ def group_run(work: Path, server: Any, group: int = GROUP) -> dict[str, float]:
         "stores_per_commit": stores_per_commit(subjects),
         "redis_commands_per_iter": sum(per_iter.calls.values()),
         "redis_cpu_s_per_iter": per_iter.cpu_s,
+    } | drained
+
+
+def _writer_pids() -> list[int]:
+    return [pid for pid, (role, _) in tree_cpu().items() if role.startswith("croqq writer")]
+
+
+def _stored_and_attempts(client: Any) -> int:
+    from croqq.delivery import keys
+
+    raw = client.hmget(keys.STATS, "stored", "attempts")
+    return int(raw[0] or 0) + int(raw[1] or 0)
+
+
+def _reached(client: Any, target: int) -> bool:
+    return _stored_and_attempts(client) >= target
+
+
+def _backlog(client: Any, pids: list[int]) -> int:
+    """Pause the writer (SIGSTOP) until the queued STOREs stop growing (or ``PAUSE_MAX_S``): the backlog."""
+    from croqq.delivery import keys
+
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    deadline, last, since = time.monotonic() + PAUSE_MAX_S, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        queued = int(client.zcard(keys.QUEUED_STORES))
+        if queued != last:
+            last, since = queued, time.monotonic()
+        elif time.monotonic() - since >= STILL_S and queued:
+            break
+        time.sleep(0.02)
+    return last
+
+
+def drain_cost(cluster: Any, client: Any, dtype: str, drains: int = DRAINS) -> dict[str, float]:
+    """The writer at saturation, as a fleet of 2,000 GPUs keeps it: a backlog of queued STOREs built while
+    it is paused (SIGSTOP), then drained; its wall time and CPU per STORE from its resumption until that
+    many more STOREs are stored (those that arrive meanwhile join the drain, as they would). ``drains``
+    times over one submission of ``dtype``, which then finishes."""
+    from croqq.delivery import keys
+
+    pids = _writer_pids()
+    stored0 = int(client.hget(keys.STATS, "stored") or 0)
+    cluster.submit(dtype, max_iter=MAX_ITER, limit=SHAPES)
+    wall = cpu = 0.0
+    stores = 0
+    for _ in range(drains):
+        backlog = _backlog(client, pids)
+        if backlog <= 0:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            break
+        target = _stored_and_attempts(client) + backlog
+        cpu0, t0 = tree_cpu(), time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(partial(_reached, client, target), 120.0, "a drained backlog", every_s=0.01)
+        took = time.monotonic() - t0
+        wall += took
+        cpu += sum(v for role, v in _cpu_delta(cpu0, tree_cpu()).items() if role.startswith("croqq writer"))
+        stores += backlog
+        log.info("drain: %d queued STOREs stored in %.3f s", backlog, took)
+    _wait_stored(client, stored0 + SHAPES * (MAX_ITER + 1))
+    return {
+        "drain_stores": stores,
+        "drain_wall_s": wall / max(1, stores),
+        "drain_cpu_s": cpu / max(1, stores),
     }
 
 
@@ -739,6 +818,20 @@ def capacity(work: Path) -> dict[str, object]:
             "capacity_gpus_writer"
         ],
     }
+    # the writer at saturation: a backlog drained in full groups, as a large fleet keeps it busy
+    per_commit = max(1.0, grouped["drain_stores_per_commit"])
+    writer_sat_s = stores_per_iter * (grouped["drain_wall_s"] + extra / per_commit)
+    writer_sat_cpu_s = stores_per_iter * (grouped["drain_cpu_s"] + extra / per_commit)
+    limits_sat, _, _ = _limits(always, _beats(always, calls), writer_sat_s)
+    out |= {
+        "capacity_drain_stores": int(grouped["drain_stores"]),
+        "capacity_drain_stores_per_commit": round(grouped["drain_stores_per_commit"], 2),
+        "capacity_writer_ms_per_iter_at_100k_saturated": round(1e3 * writer_sat_s, 2),
+        "capacity_writer_cpu_ms_per_iter_at_100k_saturated": round(1e3 * writer_sat_cpu_s, 2),
+        "capacity_gpus_writer_saturated": limits_sat["capacity_gpus_writer"],
+        "capacity_gpus_saturated": limits_sat["capacity_gpus"],
+        "capacity_saturates_first_saturated": limits_sat["capacity_saturates_first"],
+    }
     out |= {
         "capacity_coordinator_tick_gpus": TARGET_GPUS,
         "capacity_coordinator_tick_commands": round(sum(tick.calls.values())),
@@ -775,7 +868,10 @@ def capacity(work: Path) -> dict[str, object]:
         "(writer_busy); writer_cpu: the writer process's CPU per STORE step over the batch (main process "
         "and pool: its Celery messages, claims, commits, completions) plus the same 100k extra cost, and "
         "the GPUs it serves priced on that instead of the store step's wall time; writer_messages_per_store:"
-        " the Celery messages the writer was sent per STORE step"
+        " the Celery messages the writer was sent per STORE step; *_saturated: the writer kept busy as a "
+        f"large fleet keeps it: {DRAINS} times, paused (SIGSTOP) until the queued STOREs stop growing, then"
+        " resumed; its wall time per STORE from resumption until as many more are stored (group commit"
+        " on), plus the 100k commit's extra cost over the STOREs per commit of those drains"
     )
     log.info("capacity: %s", out)
     return out

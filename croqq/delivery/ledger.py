@@ -111,6 +111,14 @@ for i = 1, (#KEYS - 3) / 2 do
 end
 return out
 """
+_READ_STEPS = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  out[#out + 1] = redis.call('HGETALL', KEYS[i])
+  out[#out + 1] = redis.call('GET', KEYS[i + 1])
+end
+return out
+"""
 _HEARTBEAT = """
 redis.set_repl(redis.REPL_NONE)
 local renewed = 0
@@ -144,7 +152,7 @@ class StepRecord(BaseModel):
         return (self.status, self.epoch, self.owner) == (StepStatus.RUNNING, epoch, owner)
 
 
-Publisher = Callable[[StepRecord], None]
+Publisher = Callable[[Sequence[StepRecord]], None]  # sends each step's message
 Write = Callable[[Any], None]
 
 
@@ -192,6 +200,7 @@ class Ledger:
         self._claim = client.register_script(_CLAIM)
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._claim_stores = client.register_script(_CLAIM_STORES)
+        self._read_steps = client.register_script(_READ_STEPS)
 
     # -- reads --------------------------------------------------------------------------------------
 
@@ -202,6 +211,25 @@ class Ledger:
     def load_step(self, step_id: str, conn: Any = None) -> StepRecord | None:
         data = (conn or self.client).hgetall(keys.step(step_id))
         return StepRecord.model_validate(data) if data else None
+
+    def load_steps(
+        self, pairs: Sequence[tuple[str, str]], conn: Any
+    ) -> list[tuple[StepRecord | None, ShapeState | None]]:
+        """(step record, shape state) for each (step id, sid) of ``pairs``, in one round trip (``conn``: a
+        watching pipe reads in immediate mode, so the reads are watched)."""
+        flat = [k for step_id, sid in pairs for k in (keys.step(step_id), keys.shape(sid))]
+        try:  # not through the Script object: on a pipe it would add a SCRIPT EXISTS round trip at EXEC
+            reply = conn.evalsha(self._read_steps.sha, len(flat), *flat)
+        except redis.exceptions.NoScriptError:  # a restarted Redis forgot it
+            self._read_steps.sha = conn.script_load(_READ_STEPS)
+            reply = conn.evalsha(self._read_steps.sha, len(flat), *flat)
+        out = []
+        for fields, raw in zip(reply[::2], reply[1::2], strict=True):
+            data = dict(zip(strs(fields[::2]), strs(fields[1::2]), strict=True))
+            out.append(
+                (StepRecord.model_validate(data) if data else None, ShapeState.loads(raw) if raw else None)
+            )
+        return out
 
     def gpu_queue(self, uuid: str, conn: Any = None) -> str | None:
         """The queue of a registered GPU (cached: a GPU's queue never changes once registered)."""
@@ -279,22 +307,20 @@ class Ledger:
     # -- publishing -----------------------------------------------------------------------------------
 
     def publish(self, records: Iterable[StepRecord | None], force: bool = False) -> None:
-        """Send each step's message, then take them all off the outbox in one call (a crash in between
-        leaves them there: housekeeping publishes them again and the duplicates are dropped at claim).
+        """Send the steps' messages (one publisher call), then take them off the outbox in one call (a crash
+        in between leaves them there: housekeeping publishes them again and the duplicates are dropped at
+        claim).
 
         A STORE's message is only the writer's wake-up (the writer drains every queued STORE from the
         ledger), so it is sent only when none is on its way already, unless ``force`` (a re-publish: the
         pending wake-up may have died with its writer)."""
         if self.publisher is None:
             return
-        sent = []
-        for record in records:
-            if record is not None:
-                if record.kind != "store" or self._wake_due(force):
-                    self.publisher(record)
-                sent.append(record.step_id)
-        if sent:
-            self.client.zrem(keys.OUTBOX, *sent)
+        planned = [record for record in records if record is not None]
+        if not planned:
+            return
+        self.publisher([r for r in planned if r.kind != "store" or self._wake_due(force)])
+        self.client.zrem(keys.OUTBOX, *(record.step_id for record in planned))
 
     def _wake_due(self, force: bool = False) -> bool:
         """True if the caller is to send the writer a wake-up: none was on its way (or ``force``). The flag
@@ -326,7 +352,7 @@ class Ledger:
                 continue
             if not self._wake_due():
                 return False
-            self.publisher(record)
+            self.publisher([record])
             return True
         return False
 
@@ -427,8 +453,8 @@ class Ledger:
             outcomes: list[ShapeState | StaleStepError] = []
             plans = []
             now = clock.now(self.client)
-            for step_id, epoch, sid, event in results:
-                record, state = self.load_step(step_id, pipe), self.load_shape(sid, pipe)
+            loaded = self.load_steps([(step_id, sid) for step_id, _, sid, _ in results], pipe)
+            for (step_id, epoch, sid, event), (record, state) in zip(results, loaded, strict=True):
                 try:
                     if record is None or state is None or record.sid != sid:
                         raise StaleStepError(

@@ -136,7 +136,9 @@ def celery_config(settings: Settings) -> dict[str, object]:
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         worker_send_task_events=settings.task_events,
-        task_send_sent_event=settings.task_events,
+        # no task-sent events: one more publish per step message on the hot path, and Flower shows a task
+        # from its task-received event anyway
+        task_send_sent_event=False,
         beat_schedule=beat_schedule(settings),
         timezone="UTC",
     )

@@ -8,7 +8,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -18,13 +18,12 @@ import redis
 
 from croqq.delivery import keys
 from croqq.delivery.leases import Heartbeat, StepLeases, owner_id
-from croqq.delivery.ledger import Ledger, StepRecord
-from croqq.delivery.messages import StepMessage
-from croqq.delivery.queues import STEP_TASK
+from croqq.delivery.ledger import Ledger, Publisher, StepRecord
 from croqq.delivery.redis_client import connect, text
 from croqq.domain.manifest import Manifest
 from croqq.errors import ConfigError, RepoCorruptError
 from croqq.placement.assign import Placement
+from croqq.processes.publish import publish_steps
 from croqq.settings import Settings, get_settings
 from croqq.work import history, stats
 from croqq.work.advance import Advance
@@ -50,25 +49,24 @@ REPO_ALARM = "repo_corrupt"
 UNKNOWN = "?"  # a lease holder that cannot be read: never taken for a previous writer being gone
 
 
-def celery_publisher(record: StepRecord, celery: Celery | None = None) -> None:
-    """Send a step's message (to this process's app unless another is given)."""
+def celery_publisher(
+    records: Sequence[StepRecord], client: redis.Redis, celery: Celery | None = None
+) -> None:
+    """Send the steps' messages on ``client``'s Redis (to this process's app unless another is given)."""
     if celery is None:
         from croqq.processes.app import app
 
         celery = app
-    msg = StepMessage(step_id=record.step_id, epoch=record.epoch, sid=record.sid, kind=record.kind)
-    label = f"{record.kind} {record.sid.rsplit('/', 1)[-1]} e{record.epoch}"  # what Flower shows, short
-    celery.send_task(
-        STEP_TASK[record.kind], args=[msg.model_dump()], queue=record.queue, argsrepr=label, kwargsrepr=""
-    )
+    publish_steps(celery, client, records)
 
 
-def publisher_for(settings: Settings) -> Callable[[StepRecord], None]:
+def publisher_for(settings: Settings) -> Callable[[Sequence[StepRecord]], None]:
     """A publisher with its own app for ``settings`` (tools talking to a cluster other than the env's)."""
     from croqq.processes.app import make_app
 
     celery = make_app(settings)
-    return lambda record: celery_publisher(record, celery)
+    client = connect(settings)
+    return lambda records: celery_publisher(records, client, celery)
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ class GpuIdentity:
 class Runtime:
     """This process's parts, each made on first use (work sees it as :class:`croqq.work.context.Runtime`)."""
 
-    def __init__(self, settings: Settings, publisher: object = celery_publisher) -> None:
+    def __init__(self, settings: Settings, publisher: Publisher | None = None) -> None:
         self.settings = settings
         self.owner = owner_id()
         self._publisher = publisher
@@ -116,7 +114,8 @@ class Runtime:
     def ledger(self) -> Ledger:
         refill = lambda uuid: self.placement.fill(uuid)  # noqa: E731,PLW0108 - placement needs the ledger first
         advance = Advance([stats.on_stored, history.on_stored], refill=refill)
-        return Ledger(self.client, self.settings.lease_ttl_s, advance, self._publisher)  # type: ignore[arg-type]
+        publisher = self._publisher or (lambda records: celery_publisher(records, self.client))
+        return Ledger(self.client, self.settings.lease_ttl_s, advance, publisher)
 
     @cached_property
     def placement(self) -> Placement:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ class Cluster:
             client,
             ttl,
             Advance(refill=lambda uuid: self.placement.fill(uuid)),  # noqa: PLW0108 - placement comes next
-            self.published.append,
+            self.published.extend,
         )
         self.placement = Placement(self.settings, client, self.ledger)
         self.coord = Intake(self.settings, self.manifest, client, self.ledger, self.placement)
@@ -140,6 +141,25 @@ def test_first_result_wins_and_a_duplicate_result_changes_nothing(cluster: Clust
     assert [r.kind for r in cluster.published] == ["store"]
 
 
+def test_a_completion_reads_its_step_and_shape_in_one_command_also_after_redis_forgot_its_scripts(
+    cluster: Cluster,
+) -> None:
+    cluster.submit(1)
+    step = baseline_step(cluster)
+    cluster.ledger.claim(step.step_id, 0, "w1", step.kind, step.sid)
+    cluster.client.script_flush()  # as a restarted Redis would have
+    cluster.client.config_resetstat()
+    state = cluster.ledger.complete(step.step_id, 0, "w1", baseline_event(), step.sid)
+    assert state.loop.phase == Phase.STORE
+    stats = cluster.client.info("commandstats")
+    # the reads under WATCH: one script (EVALSHA, NOSCRIPT, loaded, EVALSHA again), whose HGETALL is the
+    # only one (Redis counts a script's commands too)
+    assert stats["cmdstat_evalsha"]["calls"] == 2
+    assert stats["cmdstat_script|load"]["calls"] == 1
+    assert stats["cmdstat_hgetall"]["calls"] == 1
+    assert stats["cmdstat_exec"]["calls"] == 1
+
+
 def test_expired_lease_requeues_with_new_epoch_and_old_result_is_stale(redis_client: redis.Redis) -> None:
     cluster = Cluster(redis_client, ttl=0.2)
     cluster.add_gpu("GPU-a")
@@ -192,7 +212,7 @@ def test_lost_publication_is_republished_from_the_outbox(cluster: Cluster) -> No
     cluster.ledger.publisher = None  # the process "dies" between commit and publish
     cluster.submit(1)
     assert cluster.client.zcard(keys.OUTBOX) == 1
-    cluster.ledger.publisher = cluster.published.append
+    cluster.ledger.publisher = cluster.published.extend
     assert cluster.ledger.flush_outbox(older_than_s=0.0) == 1
     assert [r.kind for r in cluster.published] == ["implement"]
     assert cluster.client.zcard(keys.OUTBOX) == 0
@@ -456,7 +476,7 @@ def test_lease_renewals_stay_out_of_the_aof_and_a_restart_grants_every_running_s
     redis_server.kill()
     redis_server.start(timeout=180)
     client = redis_server.client()
-    ledger = Ledger(client, ttl, cluster.ledger.advance, cluster.published.append)
+    ledger = Ledger(client, ttl, cluster.ledger.advance, cluster.published.extend)
     assert client.zcard(keys.RUNNING) == 2  # the AOF kept the claims, with their deadlines
     assert ledger.expire_leases() == 0  # a new run id: one TTL for each running step
     assert grace.grant(client, ttl) == (0, 0, 0)  # once per run id
@@ -520,10 +540,9 @@ def test_a_group_whose_publishing_fails_leaves_every_next_step_on_the_outbox(
     claimed = [m for m, _ in cluster.ledger.claim_queued_stores("writer", 8)]
     sent: list[StepRecord] = []
 
-    def flaky(record: StepRecord) -> None:
-        if sent:
-            raise ConnectionError("broker gone")
-        sent.append(record)
+    def flaky(records: Sequence[StepRecord]) -> None:  # the broker goes away after the first message
+        sent.extend(records[:1])
+        raise ConnectionError("broker gone")
 
     cluster.ledger.publisher = flaky
     with pytest.raises(ConnectionError):
@@ -532,7 +551,7 @@ def test_a_group_whose_publishing_fails_leaves_every_next_step_on_the_outbox(
         )
     assert redis_client.zcard(keys.OUTBOX) == 3
     cluster.published.clear()
-    cluster.ledger.publisher = cluster.published.append
+    cluster.ledger.publisher = cluster.published.extend
     assert cluster.ledger.flush_outbox(older_than_s=0.0) == 3
     assert sorted(r.sid for r in cluster.published) == sorted(m.sid for m in (first, *claimed))
     assert redis_client.zcard(keys.OUTBOX) == 0
