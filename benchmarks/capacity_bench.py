@@ -632,10 +632,7 @@ def group_run(work: Path, server: Any, group: int = GROUP) -> dict[str, float]:
         idle = _idle_rate(client, IDLE_S)
         records = [r for r in _ledger(client) if r.get("status") == "done"]
         subjects = _subjects(work / "results")
-        drained = drain_cost(cluster, client, "e4m3")
-        drained["drain_stores_per_commit"] = stores_per_commit(
-            (after := _subjects(work / "results"))[: len(after) - len(subjects)]
-        )
+        drained = drain_cost(cluster, client, work / "results", "e4m3")
     per_iter = (batch - idle.scaled(wall)).scaled(1.0 / (SHAPES * (MAX_ITER + 1)))
     return {
         "store_busy_s": _store_busy_s(records, "f16"),
@@ -679,11 +676,12 @@ def _backlog(client: Any, pids: list[int]) -> int:
     return last
 
 
-def drain_cost(cluster: Any, client: Any, dtype: str, drains: int = DRAINS) -> dict[str, float]:
+def drain_cost(cluster: Any, client: Any, repo: Path, dtype: str, drains: int = DRAINS) -> dict[str, float]:
     """The writer at saturation, as a fleet of 2,000 GPUs keeps it: a backlog of queued STOREs built while
     it is paused (SIGSTOP), then drained; its wall time and CPU per STORE from its resumption until that
-    many more STOREs are stored (those that arrive meanwhile join the drain, as they would). ``drains``
-    times over one submission of ``dtype``, which then finishes."""
+    many more STOREs are stored (those that arrive meanwhile join the drain, as they would), and the
+    STOREs per commit of that window (``repo``: the results repo). ``drains`` times over one submission of
+    ``dtype``, which then finishes."""
     from croqq.delivery import keys
 
     pids = _writer_pids()
@@ -691,6 +689,7 @@ def drain_cost(cluster: Any, client: Any, dtype: str, drains: int = DRAINS) -> d
     cluster.submit(dtype, max_iter=MAX_ITER, limit=SHAPES)
     wall = cpu = 0.0
     stores = 0
+    subjects: list[str] = []
     for _ in range(drains):
         backlog = _backlog(client, pids)
         if backlog <= 0:
@@ -698,6 +697,7 @@ def drain_cost(cluster: Any, client: Any, dtype: str, drains: int = DRAINS) -> d
                 os.kill(pid, signal.SIGCONT)
             break
         target = _stored_and_attempts(client) + backlog
+        commits = len(_subjects(repo))
         cpu0, t0 = tree_cpu(), time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
@@ -706,12 +706,15 @@ def drain_cost(cluster: Any, client: Any, dtype: str, drains: int = DRAINS) -> d
         wall += took
         cpu += sum(v for role, v in _cpu_delta(cpu0, tree_cpu()).items() if role.startswith("croqq writer"))
         stores += backlog
+        made = _subjects(repo)
+        subjects += made[: len(made) - commits]
         log.info("drain: %d queued STOREs stored in %.3f s", backlog, took)
     _wait_stored(client, stored0 + SHAPES * (MAX_ITER + 1))
     return {
         "drain_stores": stores,
         "drain_wall_s": wall / max(1, stores),
         "drain_cpu_s": cpu / max(1, stores),
+        "drain_stores_per_commit": stores_per_commit(subjects),
     }
 
 
