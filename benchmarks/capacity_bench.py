@@ -4,9 +4,10 @@
 Redis of the product's configuration, with ``appendfsync always`` and then ``everysec``. Redis's own
 counters over each batch, minus the idle cluster's rate, give commands, bytes and CPU per stored iteration;
 step heartbeats at real step durations (:func:`heartbeat_calls`) and each GPU's own idle traffic are added,
-as a zero-time run hides them. The writer's time per iteration at a deep history (:func:`writer_commit_s`)
-and group commit (:func:`group_run`) complete the parts; :func:`capacity_limits` turns them into GPUs
-served per part at one stored iteration per GPU every ``CADENCE_S``, each part at ``HEADROOM`` of its budget.
+as a zero-time run hides them. The writer's time per iteration at a deep history (:func:`writer_commit_s`),
+group commit (:func:`group_run`) and the writer at saturation (:func:`drain_cost`) complete the parts;
+:func:`capacity_limits` turns them into GPUs served per part at one stored iteration per GPU every
+``CADENCE_S``, each part at ``HEADROOM`` of its budget.
 
 ``cpu_cost(work)``: the CPU of every process of the cluster per stored iteration, against a floor of bare
 Celery workers with croqq's configuration, queues and pools running exactly the hops croqq's ledger
