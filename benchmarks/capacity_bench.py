@@ -661,20 +661,30 @@ def _reached(client: Any, target: int) -> bool:
 
 
 def _backlog(client: Any, pids: list[int]) -> int:
-    """Pause the writer (SIGSTOP) until the queued STOREs stop growing (or ``PAUSE_MAX_S``): the backlog."""
+    """Pause the writer (SIGSTOP) until the queued STOREs stop growing (or ``PAUSE_MAX_S``): the backlog.
+    The caller resumes it; a failure here resumes it at once."""
     from croqq.delivery import keys
 
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
-    deadline, last, since = time.monotonic() + PAUSE_MAX_S, -1, time.monotonic()
-    while time.monotonic() < deadline:
-        queued = int(client.zcard(keys.QUEUED_STORES))
-        if queued != last:
-            last, since = queued, time.monotonic()
-        elif time.monotonic() - since >= STILL_S and queued:
-            break
-        time.sleep(0.02)
+    try:
+        deadline, last, since = time.monotonic() + PAUSE_MAX_S, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            queued = int(client.zcard(keys.QUEUED_STORES))
+            if queued != last:
+                last, since = queued, time.monotonic()
+            elif time.monotonic() - since >= STILL_S and queued:
+                break
+            time.sleep(0.02)
+    except BaseException:
+        _resume(pids)
+        raise
     return last
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
 
 
 def drain_cost(cluster: Any, client: Any, repo: Path, dtype: str, drains: int = DRAINS) -> dict[str, float]:
@@ -694,14 +704,12 @@ def drain_cost(cluster: Any, client: Any, repo: Path, dtype: str, drains: int = 
     for _ in range(drains):
         backlog = _backlog(client, pids)
         if backlog <= 0:
-            for pid in pids:
-                os.kill(pid, signal.SIGCONT)
+            _resume(pids)
             break
         target = _stored_and_attempts(client) + backlog
         commits = len(_subjects(repo))
         cpu0, t0 = tree_cpu(), time.monotonic()
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        _resume(pids)
         wait_until(partial(_reached, client, target), 120.0, "a drained backlog", every_s=0.01)
         took = time.monotonic() - t0
         wall += took

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
-from functools import cache
 from typing import TYPE_CHECKING
 
 import redis
@@ -30,11 +29,6 @@ if TYPE_CHECKING:
     from celery import Celery
 
 
-@cache
-def _origin() -> str:
-    return anon_nodename()  # what send_task names as a message's origin: gen<pid>@<host>
-
-
 def envelope(app: Celery, record: StepRecord) -> str:
     """The message of ``record``'s step, as kombu stores it in the queue's list."""
     msg = StepMessage(step_id=record.step_id, epoch=record.epoch, sid=record.sid, kind=record.kind)
@@ -46,7 +40,7 @@ def envelope(app: Celery, record: StepRecord) -> str:
         args=[msg.model_dump()],
         argsrepr=label,
         kwargsrepr="",
-        origin=_origin(),
+        origin=anon_nodename(),  # as send_task names it: gen<pid>@<host>, per process (a pool child its own)
         reply_to=app.thread_oid,
         ignore_result=True,
     )
