@@ -58,7 +58,7 @@ FLOOR_ENV = "CAPACITY_BENCH_FLOOR"
 FLOOR_DONE = "croqq:floor:done"
 LETTERS = "ibgs"  # croqq's order within an iteration: ideate, build (implement), gpu, store
 KIND = {"i": "ideate", "b": "implement", "g": "measure", "s": "store"}
-QUEUE = {"i": "ideate", "b": "build.cuda", "s": "store"}  # croqq's queues of the cuda family's steps
+QUEUE = {"i": "ideate", "b": "build.cuda", "s": "store"}  # the floor's queues (croqq's: build.<family>)
 PROFILE_START, PROFILE_DUMP = 3, 4  # offsets from SIGRTMIN (Celery installs handlers for SIGUSR1/2)
 
 
@@ -290,7 +290,9 @@ def _payload(rec: dict[str, str]) -> str:
 def _letter(queue: str) -> str:
     from croqq.delivery.queues import is_gpu_queue
 
-    return "g" if is_gpu_queue(queue) else {v: k for k, v in QUEUE.items()}[queue]
+    if is_gpu_queue(queue):
+        return "g"
+    return "b" if queue.startswith("build.") else {v: k for k, v in QUEUE.items()}[queue]  # any family's
 
 
 def _wait_stored(client: Any, expected: int, timeout_s: float = 600.0) -> None:

@@ -168,7 +168,11 @@ class Settings(BaseSettings):
     agent_backoff_after: int = Field(3, ge=1, description="Consecutive agent failures before back-off.")
     agent_backoff_s: float = Field(30.0, ge=0, description="First back-off; doubles up to the max.")
     agent_backoff_max_s: float = Field(600.0, ge=0)
-    dsl: str = "cuda"
+    dsl: str | None = Field(
+        None,
+        description="The kernel family submissions tune (manifest 'dsls'); unset: each mode's "
+        "(manifest modes.<mode>.dsl: cutlass from the current best, cuda from scratch).",
+    )
 
     # -- scheduling -------------------------------------------------------------------------------
     pipeline_depth: int = Field(

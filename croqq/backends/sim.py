@@ -182,7 +182,7 @@ class SimBackend(Backend):
 
     def shape_model(self, gpu_type: str, shape: Shape, dsl: str | None = None) -> model.ShapeModel:
         """The hidden model of one shape on one GPU type (cached)."""
-        dsl = dsl or self.settings.dsl
+        dsl = self._dsl(dsl)
         key = (gpu_type, dsl, shape.key)
         with self._lock:
             cached = self._models.get(key)
@@ -205,6 +205,10 @@ class SimBackend(Backend):
             self._models[key] = built
         return built
 
+    def _dsl(self, dsl: str | None) -> str:
+        """The family meant: the one named, else CROQQ_DSL, else the default mode's."""
+        return self.manifest.family(dsl or self.settings.dsl)
+
     def check_dsl(self, dsl: str) -> None:
         self.family_model(dsl)
 
@@ -222,13 +226,13 @@ class SimBackend(Backend):
     def optimum_tflops(self, gpu_type: str, shape: Shape, dsl: str | None = None) -> float:
         """The noise-free TFLOPS of the hidden optimum (for tests and reports)."""
         m = self.shape_model(gpu_type, shape, dsl)
-        return self.family_model(dsl or self.settings.dsl).predict(m, m.optimum).tflops
+        return self.family_model(self._dsl(dsl)).predict(m, m.optimum).tflops
 
     def predicted_tflops(
         self, gpu_type: str, shape: Shape, knobs: dict[str, int], dsl: str | None = None
     ) -> float:
         """The noise-free TFLOPS of a knob set."""
-        family = self.family_model(dsl or self.settings.dsl)
+        family = self.family_model(self._dsl(dsl))
         return family.predict(self.shape_model(gpu_type, shape, dsl), knobs).tflops
 
     def _predict(self, gpu_type: str, shape: Shape, art: SimArtifact) -> model.Prediction:
@@ -490,7 +494,7 @@ class SimBackend(Backend):
         for dsl, spec in self.manifest.dsls.items():
             if set(spec.knobs) == set(cutlass_model.KNOBS) and shape.dtype in spec.kernels:
                 return self.optimum_tflops(gpu_type, shape, dsl)
-        if self.family_model(self.settings.dsl) is not model:
+        if self.family_model(self._dsl(None)) is not model:
             return self.optimum_tflops(gpu_type, shape)
         m = self.shape_model(gpu_type, shape)
         gpu, dtype = self.manifest.gpu(gpu_type), self.manifest.dtypes[shape.dtype]

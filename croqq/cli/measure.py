@@ -64,7 +64,11 @@ def measure(
     gpu_type: str = typer.Option(
         "", "--gpu", help="The GPU type the measurement was stored for (a label; shown in the output)."
     ),
-    dsl: str | None = typer.Option(None, "--dsl", help="Default CROQQ_DSL (replay with backend=replay)."),
+    dsl: str | None = typer.Option(
+        None,
+        "--dsl",
+        help="Kernel family; default CROQQ_DSL, else from_current_best's (replay with backend=replay).",
+    ),
     requires: list[str] = typer.Option(
         [],
         "--requires",
@@ -85,7 +89,7 @@ def measure(
 
     settings = load_settings()
     manifest = backend_manifest(settings)  # with backend=replay: plus the replay dsl
-    dsl = dsl or settings.dsl
+    dsl = manifest.family(dsl or settings.dsl)
     shape = parse_key(key)
     pins = parse_pins(requires)
     for name, version in pins.items():  # before any build: the stored kernel's own requirement

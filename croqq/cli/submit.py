@@ -13,7 +13,7 @@ from rich.table import Table
 from croqq.backends import backend_manifest, make_backend
 from croqq.cli import app
 from croqq.cli.common import CANDIDATES_HELP, candidates_or_default, load_settings
-from croqq.domain.manifest import Manifest
+from croqq.domain.manifest import DEFAULT_MODE, Manifest
 from croqq.domain.schedule import ScheduledShape, build_schedule, expand_dtypes
 from croqq.domain.shapes import parse_dims
 from croqq.errors import ConfigError
@@ -52,13 +52,16 @@ def submit(
     dsl: str | None = typer.Option(
         None,
         "--dsl",
-        help="Kernel language (manifest 'dsls'; default CROQQ_DSL, replay with backend=replay).",
+        help="Kernel family (manifest 'dsls'); default CROQQ_DSL, else the mode's (manifest "
+        "modes.<mode>.dsl: cutlass from the current best, cuda from scratch); replay with backend=replay.",
     ),
     shape: str | None = typer.Option(
         None, "--shape", help="Only this MxNxK (must pass the size constraints)."
     ),
     mode: str = typer.Option(
-        "from_current_best", "--mode", help="from_current_best (30 iters) | from_scratch (150)."
+        DEFAULT_MODE,
+        "--mode",
+        help="from_current_best (30 iters from the reference kernel) | from_scratch (150 from the naive).",
     ),
     max_iter: int | None = typer.Option(
         None, "--max-iter", min=1, help="Override the mode's iteration count."
@@ -85,7 +88,7 @@ def submit(
     settings = load_settings()
     count = candidates_or_default(candidates, settings)
     manifest = backend_manifest(settings)  # with backend=replay: plus the replay dsl
-    dsl = dsl or settings.dsl
+    dsl = manifest.family(dsl or settings.dsl, mode)
     dims = parse_dims(shape) if shape else None
     schedule = build_schedule(manifest, dtype, only=dims)[:limit]
     iterations = max_iter or manifest.mode(mode).max_iter

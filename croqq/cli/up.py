@@ -19,6 +19,7 @@ from rich.console import Console
 from croqq.cli import app
 from croqq.cli.common import CANDIDATES_HELP, candidates_or_default, load_settings
 from croqq.cli.live import stop_on_signals
+from croqq.domain.manifest import DEFAULT_MODE
 from croqq.processes.local import LocalCluster
 
 
@@ -33,7 +34,9 @@ def up(
         None, "--limit", min=1, help="With --dtype: only the first N shapes of the schedule (by priority)."
     ),
     candidates: int | None = typer.Option(None, "--candidates", help="With --dtype: " + CANDIDATES_HELP),
-    mode: str = typer.Option("from_current_best", "--mode", help="from_current_best | from_scratch."),
+    mode: str = typer.Option(
+        DEFAULT_MODE, "--mode", help="With --dtype: from_current_best (cutlass) | from_scratch (cuda)."
+    ),
     sim_gpus: int | None = typer.Option(
         None, "--sim-gpus", min=1, help="Simulated GPUs (when NVML finds none)."
     ),

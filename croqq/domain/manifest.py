@@ -35,6 +35,12 @@ class Region(_Strict):
 class Mode(_Strict):
     max_iter: int = Field(gt=0)
     seed: Literal["reference", "naive"]
+    dsl: str = Field(
+        description="The kernel family a submission of this mode tunes unless it names one (--dsl, CROQQ_DSL)"
+    )
+
+
+DEFAULT_MODE = "from_current_best"  # `croqq submit`'s and `croqq up`'s; `croqq measure` seeds from its family
 
 
 SPARSE_FAMILY = "gemm_sparse24"  # a dtype of this family has a 2:4 structured-sparse A
@@ -146,6 +152,13 @@ class RunSpec(_Strict):
         return self
 
 
+def rule_env(shape: tuple[int, int, int], dtype: DtypeSpec) -> dict[str, int]:
+    """What a rule reads besides the knobs (croqq.domain.rules.SHAPE_NAMES), for this shape and dtype."""
+    m, n, k = shape
+    sparse = int(dtype.family == SPARSE_FAMILY)
+    return {"M": m, "N": n, "K": k, "A_BYTES": dtype.a_bytes, "C_BYTES": dtype.c_bytes, "SPARSE": sparse}
+
+
 class DslSpec(_Strict):
     ext: str
     knobs: dict[str, list[int]]
@@ -167,9 +180,7 @@ class DslSpec(_Strict):
 
     def broken_rule(self, knobs: dict[str, int], shape: tuple[int, int, int], dtype: DtypeSpec) -> str | None:
         """Why these knobs cannot run on this shape (the first rule they break), None when they can."""
-        m, n, k = shape
-        env = {**knobs, "M": m, "N": n, "K": k, "A_BYTES": dtype.a_bytes, "C_BYTES": dtype.c_bytes}
-        env["SPARSE"] = int(dtype.family == SPARSE_FAMILY)
+        env = {**knobs, **rule_env(shape, dtype)}
         return rules.first_broken(((r.require, r.why) for r in self.rules), env)
 
     @model_validator(mode="after")
@@ -217,6 +228,9 @@ class Manifest(_Strict):
                     why = spec.broken_rule(getattr(kernel, seed), self.reference_shape, self.dtypes[dtype])
                     if why:
                         raise ValueError(f"dsl {dsl!r}: the {dtype} {seed} knobs break a rule: {why}")
+        for mode, mspec in self.modes.items():
+            if mspec.dsl not in self.dsls:
+                raise ValueError(f"mode {mode!r} names dsl {mspec.dsl!r}, which 'dsls' does not define")
         for gpu, gspec in self.gpus.items():
             absent = sorted(set(self.dtypes) - set(gspec.peak_tflops))
             if absent:
@@ -227,6 +241,10 @@ class Manifest(_Strict):
         if name not in self.dsls:
             raise ConfigError(f"unknown dsl {name!r}; the manifest defines {', '.join(sorted(self.dsls))}")
         return self.dsls[name]
+
+    def family(self, chosen: str | None, mode: str = DEFAULT_MODE) -> str:
+        """The dsl a submission tunes: the one chosen (--dsl, CROQQ_DSL), else its mode's."""
+        return chosen or self.mode(mode).dsl
 
     def gpu(self, name: str) -> GpuSpec:
         if name not in self.gpus:

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from croqq.domain.manifest import DEFAULT_MODE
 from croqq.errors import ConfigError
 from croqq.patience import Deadline
 from croqq.processes import record
@@ -208,7 +209,7 @@ class LocalCluster:
         dtype: str,
         shape: str | None = None,
         max_iter: int | None = None,
-        mode: str = "from_current_best",
+        mode: str = DEFAULT_MODE,
         gpu_type: str | None = None,
         limit: int | None = None,
         dsl: str | None = None,
@@ -225,13 +226,14 @@ class LocalCluster:
         from croqq.work import intake
 
         manifest = load_manifest(self.settings.manifest)
-        make_backend(self.settings, manifest).check_dsl(dsl or self.settings.dsl)
+        dsl = manifest.family(dsl or self.settings.dsl, mode)
+        make_backend(self.settings, manifest).check_dsl(dsl)
         schedule = build_schedule(manifest, dtype, only=parse_dims(shape) if shape else None)[:limit]
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
         msg = SubmitMessage(
             submission=f"sub-{stamp}-{secrets.token_hex(3)}",
             gpu_type=registry.pick_gpu_type(self.settings, manifest, gpu_type),
-            dsl=dsl or self.settings.dsl,
+            dsl=dsl,
             mode=mode,
             max_iter=max_iter or manifest.mode(mode).max_iter,
             candidates=candidates or self.settings.candidates,

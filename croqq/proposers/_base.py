@@ -59,6 +59,27 @@ def slug(text: str) -> str:
     return (cleaned or "idea")[:40].rstrip("-")
 
 
+SMEM_BUDGET_BYTES = 227 * 1024  # sm90's per-block shared memory: the back-of-envelope check
+MIN_WARP_TILE_N = 32  # one MMA fragment
+MAX_ACC_REGS = 256  # fp32 accumulator registers per thread
+
+
+def over_budget(knobs: dict[str, int], a_bytes: int, k: int) -> bool:
+    """The engineer's envelope check: pipeline buffers beyond shared memory, an fp32 accumulator beyond
+    the register file, a warp tile narrower than one MMA fragment, or a split-K slice that TILE_K does not
+    divide. Knob sets without these knobs pass."""
+    try:
+        if k % (knobs["SPLIT_K"] * knobs["TILE_K"]):
+            return True
+        smem = (knobs["TILE_M"] + knobs["TILE_N"]) * knobs["TILE_K"] * a_bytes * knobs["STAGES"]
+        warps = knobs["WARPS_M"] * knobs["WARPS_N"]
+        acc_regs = knobs["TILE_M"] * knobs["TILE_N"] // (warps * 32)
+        warp_n = knobs["TILE_N"] // knobs["WARPS_N"]
+    except KeyError:
+        return False
+    return smem > SMEM_BUDGET_BYTES or acc_regs > MAX_ACC_REGS or warp_n < MIN_WARP_TILE_N
+
+
 class Proposer(ABC):
     """Where ideas come from: :class:`~croqq.proposers.search.SearchProposer` (a search strategy) or
     :class:`~croqq.proposers.agent.proposer.AgentProposer` (a coding agent that writes sources)."""
@@ -81,6 +102,17 @@ class Proposer(ABC):
 
     def check_ready(self) -> None:  # noqa: B027 (most proposers need nothing)
         """Raise ConfigError (one line) when this proposer cannot run on this host (worker start-up)."""
+
+    def refused(self, ctx: ProposeContext, knobs: dict[str, int]) -> bool:
+        """True when the engineer's envelope check (:func:`over_budget`) or a rule of the family
+        (``dsls.<dsl>.rules``, which croqq would record as an attempt without a compile) refuses these
+        knobs on this shape: a knob proposer does not offer them."""
+        spec, dtype = self.manifest.dsls.get(ctx.dsl), self.manifest.dtypes.get(ctx.shape.dtype)
+        if dtype is None:
+            return False
+        dims = (ctx.shape.m, ctx.shape.n, ctx.shape.k)
+        broken = spec is not None and spec.broken_rule(knobs, dims, dtype) is not None
+        return broken or over_budget(knobs, dtype.a_bytes, ctx.shape.k)
 
     def make_idea(
         self, ctx: ProposeContext, knobs: dict[str, int], summary: str, tag: str | None = None

@@ -12,7 +12,8 @@ build) and:
    the rest another; a candidate's score is the sum over knobs of ``log good(v) - log bad(v)``;
 3. **learns what builds**: per knob value, the share of the knob sets with that value that built, and
    adds ``log`` of it to the score, so ideas near known compile failures rank low (for the GEMM knobs, the
-   engineer's resource check of :func:`croqq.proposers.search.over_budget` also applies);
+   engineer's resource check of :func:`croqq.proposers._base.over_budget` and the family's rules
+   also apply);
 4. **ranks** ``DRAWS`` candidates drawn from the good density together with the one-knob neighbours of the
    best measured knob set, and returns the best-scoring one not tried yet (few draws, as in TPE: the
    argmax over many would only circle the best).
@@ -41,7 +42,6 @@ from croqq.domain.decide import BASELINE, DISCARD, KEEP, SIBLING
 from croqq.domain.records import HistoryEntry, Idea
 from croqq.errors import TerminalError
 from croqq.proposers._base import ProposeContext, Proposer
-from croqq.proposers.search import over_budget
 
 INITIAL = 4  # spread-out knob sets before the model is trusted
 GOOD = 0.15  # share of the measured knob sets that count as good
@@ -181,17 +181,13 @@ class ModelProposer(Proposer):
         state = seen(ctx)
         best = state.measured[0][0] if state.measured else dict(ctx.best_knobs)
         for knobs in self._ranked(ctx, state, rng):
-            if _key(space, knobs) in state.tried or self._over_budget(ctx, knobs):
+            if _key(space, knobs) in state.tried or self.refused(ctx, knobs):
                 continue
             summary, tag = describe(best, knobs)
             idea = self.make_idea(ctx, knobs, summary, tag)
             if idea.content_hash not in ctx.tried:
                 return idea
         raise TerminalError(f"model proposer: no untried idea left for {ctx.shape.key}")
-
-    def _over_budget(self, ctx: ProposeContext, knobs: Knobs) -> bool:
-        dtype = self.manifest.dtypes.get(ctx.shape.dtype)
-        return dtype is not None and over_budget(knobs, dtype.a_bytes, ctx.shape.k)
 
     def _ranked(self, ctx: ProposeContext, state: Seen, rng: random.Random) -> Iterator[Knobs]:
         space = ctx.knob_space

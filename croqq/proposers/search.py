@@ -34,9 +34,6 @@ log = logging.getLogger(__name__)
 
 DRAWS = 200
 RADICAL_MIN_CHANGES = 3
-SMEM_BUDGET_BYTES = 227 * 1024  # sm90's per-block shared memory: the back-of-envelope check
-MIN_WARP_TILE_N = 32  # one MMA fragment
-MAX_ACC_REGS = 256  # fp32 accumulator registers per thread
 PREFERRED = 2.0
 HELPFUL = 1.5
 # bottleneck -> {knob: helpful direction (+1 up, -1 down, 0 either)}
@@ -100,22 +97,6 @@ def _weight(move: Move, bottleneck: str) -> float:
     return PREFERRED * (HELPFUL if direction == 0 or (direction > 0) == move.up else 1.0)
 
 
-def over_budget(knobs: dict[str, int], a_bytes: int, k: int) -> bool:
-    """The engineer's envelope check: pipeline buffers beyond shared memory, an fp32 accumulator beyond
-    the register file, a warp tile narrower than one MMA fragment, or a split-K slice that TILE_K does not
-    divide. Knob sets without these knobs pass."""
-    try:
-        if k % (knobs["SPLIT_K"] * knobs["TILE_K"]):
-            return True
-        smem = (knobs["TILE_M"] + knobs["TILE_N"]) * knobs["TILE_K"] * a_bytes * knobs["STAGES"]
-        warps = knobs["WARPS_M"] * knobs["WARPS_N"]
-        acc_regs = knobs["TILE_M"] * knobs["TILE_N"] // (warps * 32)
-        warp_n = knobs["TILE_N"] // knobs["WARPS_N"]
-    except KeyError:
-        return False
-    return smem > SMEM_BUDGET_BYTES or acc_regs > MAX_ACC_REGS or warp_n < MIN_WARP_TILE_N
-
-
 def _apply(knobs: dict[str, int], moves: list[Move]) -> dict[str, int]:
     return {**knobs, **{m.knob: m.new for m in moves}}
 
@@ -166,10 +147,10 @@ class SearchProposer(Proposer):
         return None if idea.content_hash in tried else idea
 
     def caught(self, ctx: ProposeContext, knobs: dict[str, int], rng: random.Random) -> bool:
-        """True when the envelope check drops ``knobs`` before they are proposed. ``rng`` is the idea's
-        seeded draw, for a subclass that imitates a less careful proposer (the simulator's tests)."""
-        dtype = self.manifest.dtypes.get(ctx.shape.dtype)
-        return dtype is not None and over_budget(knobs, dtype.a_bytes, ctx.shape.k)
+        """True when the envelope check or a rule of the family drops ``knobs`` before they are proposed.
+        ``rng`` is the idea's seeded draw, for a subclass that imitates a less careful proposer (the
+        simulator's tests)."""
+        return self.refused(ctx, knobs)
 
     # -- refine: one knob, one step ---------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from croqq.processes.local import LocalCluster
 from croqq.store.paths import RunPaths
 
 pytestmark = pytest.mark.chaos
-RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
-PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+RUN = "tuning/sm90_Simulated_H100_SXM/cutlass"  # the default (from_current_best) family
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 
 
@@ -107,7 +107,7 @@ def test_damaged_trees_are_named_cleaned_alone_and_the_cluster_resumes_the_rest(
     )
     assert not any(key in report.stdout for key in healthy)
 
-    cleaned = croqq(env, "clean", "--dsl", "cuda", "--invalid-only")
+    cleaned = croqq(env, "clean", "--dsl", "cutlass", "--invalid-only")
     assert cleaned.returncode == 0, cleaned.stderr
     assert all(key in cleaned.stdout for key in damaged) and not any(key in cleaned.stdout for key in healthy)
     assert croqq(env, "validate", "--dsl", "all").returncode == 0

@@ -29,8 +29,8 @@ from croqq.store.paths import RunPaths
 
 # each test waits for several events, each with a budget that stretches with the machine's load
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(3600)]
-RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
-PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+RUN = "tuning/sm90_Simulated_H100_SXM/cutlass"  # the default (from_current_best) family
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
 SHAPES, ITERS = 6, 8
 
 

@@ -23,7 +23,7 @@ from croqq.store.paths import RunPaths
 from croqq.work import alarms
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
-PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 SHAPES, MAX_ITER = 3, 8
 

@@ -27,8 +27,8 @@ from tests.localenv import FAST_RECOVERY, ROOT, run_croqq, run_dirs
 from tests.output import error_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.chaos]
-RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
-PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+RUN = "tuning/sm90_Simulated_H100_SXM/cutlass"  # the default (from_current_best) family
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
 SHAPES, MAX_ITER = 8, 15
 SHORT_MAX_ITER = 6  # killing the supervisor once needs less work to land mid-run
 KINDS = {"redis", "coordinator", "writer", "beat", "build-worker", "ideate-worker", "gpu-worker", "pool"}

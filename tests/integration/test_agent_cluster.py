@@ -23,8 +23,8 @@ from croqq.store.validate import validate_repo
 from croqq.work import agents
 
 pytestmark = pytest.mark.slow
-RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
-PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+RUN = "tuning/sm90_Simulated_H100_SXM/cutlass"  # the default (from_current_best) family
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
 AGENT = {"CROQQ_PROPOSER": "agent", "CROQQ_AGENT": "scripted"}
 
 
@@ -43,9 +43,17 @@ def test_the_scripted_agent_tunes_sources_end_to_end(cluster_env: dict[str, str]
         sub = cluster.submit("f16", max_iter=8, limit=3)
         snap = cluster.wait_done(sub, timeout_s=600)
         assert snap.total.done == 3 and snap.total.error == 0
+        scratch = cluster.submit("f16", max_iter=2, limit=1, mode="from_scratch")
+        assert cluster.wait_done(scratch, timeout_s=600).total.done == 1
         health = agents.health(cluster.client)
         assert [a.name for a in health] == ["scripted"]
     repo = Path(cluster_env["CROQQ_RESULTS_REPO"])
+    naive = RunPaths("sm90_Simulated_H100_SXM", "cuda")  # from scratch: the mma.sync family's naive seed
+    (key,) = json.loads((repo / naive.root / "state.json").read_text())["shapes"]
+    rows = parse_tsv((repo / naive.results_tsv(key)).read_text())
+    assert [r.iter for r in rows] == [0, 1, 2]
+    assert all(r.run_command.endswith(f"--dsl cuda --source {r.kernel}") for r in rows)
+    assert "#define TILE_M 64\n" in (repo / rows[0].kernel).read_text()
     changes: set[str] = set()
     by_agent = 0
     for key in json.loads((repo / RUN / "state.json").read_text())["shapes"]:
@@ -167,13 +175,13 @@ def test_a_failing_agent_is_backed_off_reported_and_its_shapes_wait(
 
 
 @pytest.mark.timeout(1800)
-def test_the_cutlass_family_is_tuned_at_source_level_on_the_simulated_gpu(
+def test_the_cutlass_family_is_tuned_at_source_level_on_the_simulated_gpu_by_default(
     cluster_env: dict[str, str],
 ) -> None:
     paths = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
-    with LocalCluster(cluster_env | AGENT | {"CROQQ_DSL": "cutlass"}) as cluster:
+    with LocalCluster(cluster_env | AGENT) as cluster:
         cluster.wait_gpus()
-        sub = cluster.submit("f16", max_iter=6, limit=3, dsl="cutlass")
+        sub = cluster.submit("f16", max_iter=6, limit=3)  # from_current_best: the cutlass family
         snap = cluster.wait_done(sub, timeout_s=600)
         assert snap.total.done == 3 and snap.total.error == 0
     repo = Path(cluster_env["CROQQ_RESULTS_REPO"])

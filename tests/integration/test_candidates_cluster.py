@@ -16,7 +16,7 @@ from croqq.processes.local import LocalCluster
 from croqq.store.paths import RunPaths
 
 pytestmark = pytest.mark.slow
-PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
 Cli = Callable[..., subprocess.CompletedProcess[str]]  # the `croqq` fixture
 
 
@@ -52,5 +52,5 @@ def test_three_candidates_per_iteration_are_stored_once_with_every_sibling(
             if rnd["measure"]["candidate"]["outcome"] == "ok":  # the best of the batch went to DECIDE
                 assert all(rnd["measure"]["candidate"]["tflops"] >= t for t in measured)
     assert repo_problems(repo) == []
-    check = croqq(env, "validate", "--dsl", "cuda")
+    check = croqq(env, "validate", "--dsl", "cutlass")
     assert check.returncode == 0 and "results repo is valid" in check.stdout, check.stdout + check.stderr

@@ -26,8 +26,8 @@ from croqq.store.render import parse_tsv
 from tests.output import error_line
 
 pytestmark = pytest.mark.slow
-RUN = "tuning/sm90_Simulated_H100_SXM/cuda"
-PATHS = RunPaths("sm90_Simulated_H100_SXM", "cuda")
+RUN = "tuning/sm90_Simulated_H100_SXM/cutlass"  # the default (from_current_best) family
+PATHS = RunPaths("sm90_Simulated_H100_SXM", "cutlass")
 ITER_LINE = re.compile(r"^(\S+ iter\d{3}): ")
 GROUP_SUBJECT = re.compile(r"^store: (\d+) record\(s\)$")
 

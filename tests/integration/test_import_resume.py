@@ -94,7 +94,7 @@ def test_an_imported_shape_resumes_on_a_cluster_after_its_imported_iterations(
         wait_until(
             lambda: bool(cluster.client.exists(keys.shape(sid))), 120, "the writer to register the import"
         )
-        cluster.submit("f16", shape="1024x1024x1024", max_iter=5, gpu_type=GPU)
+        cluster.submit("f16", shape="1024x1024x1024", max_iter=5, gpu_type=GPU, dsl="cuda")  # the import's
 
         def first_new_stored() -> bool:
             rounds = (repo / PATHS.rounds_raw(KEY)).read_text().splitlines()

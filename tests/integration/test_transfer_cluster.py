@@ -16,7 +16,7 @@ from croqq.store.paths import RunPaths
 
 pytestmark = pytest.mark.slow
 GPU = "sm90_Simulated_H100_SXM"
-PATHS = RunPaths(GPU, "cuda")
+PATHS = RunPaths(GPU, "cuda")  # from scratch: 8 iterations from the naive kernel keep one
 FIRST, SECOND = "f16_4096x8192x8192", "f16_4096x8192x4096"
 
 
@@ -30,11 +30,11 @@ def test_a_shape_submitted_after_its_neighbour_advanced_starts_from_the_neighbou
 ) -> None:
     with LocalCluster(cluster_env) as cluster:
         cluster.wait_gpus()
-        first = cluster.submit("f16", shape="4096x8192x8192", max_iter=8)
+        first = cluster.submit("f16", shape="4096x8192x8192", max_iter=8, mode="from_scratch")
         cluster.wait_done(first, timeout_s=300)
         there = ShapeSummary.model_validate_json(cluster.client.hget(keys.SUMMARY, f"{GPU}/cuda/{FIRST}"))
         assert there.best_iter > 0, "the first shape kept nothing in 8 iterations: nothing to transfer"
-        second = cluster.submit("f16", shape="4096x8192x4096", max_iter=3)
+        second = cluster.submit("f16", shape="4096x8192x4096", max_iter=3, mode="from_scratch")
         snap = cluster.wait_done(second, timeout_s=300)
         assert snap.total.done == 1
     repo = Path(cluster_env["CROQQ_RESULTS_REPO"])

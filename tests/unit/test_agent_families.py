@@ -13,10 +13,11 @@ import pytest
 from croqq.backends.cuda import CudaBackend
 from croqq.backends.toolchain import candidate_of
 from croqq.domain.knobs import include_resolver
-from croqq.domain.records import Idea
+from croqq.domain.records import HistoryEntry, Idea
 from croqq.proposers.agent import workspace
 from croqq.proposers.agent.checks import check_source
 from croqq.proposers.agent.proposer import AgentProposer
+from croqq.proposers.agent.scripted import SWAPS
 from croqq.settings import Settings
 from tests.agents import MANIFEST, SHAPE, context, settings
 
@@ -43,6 +44,14 @@ def test_context_json_holds_the_cutlass_family_its_rules_and_how_to_take_its_ker
         "define": "CROQQ_F16",
         "kernel": "cutlass_sm90.cuh",
         "after": ["cutlass_run.cuh", "harness.cuh"],
+    }
+    assert ctx["rule_env"] == {
+        "M": SHAPE.m,
+        "N": SHAPE.n,
+        "K": SHAPE.k,
+        "A_BYTES": 2,
+        "C_BYTES": 2,
+        "SPARSE": 0,
     }
     assert {"cutlass_sm90.cuh", "cutlass_run.cuh", "harness.cuh"} <= set(included)
     assert (
@@ -100,3 +109,35 @@ def test_the_scripted_cutlass_edits_compile_for_sm90a(tmp_path: Path) -> None:
         outcome = backend.build(SHAPE, candidate_of(MANIFEST, config, "cutlass", "f16", idea.source))
         assert outcome.ok, (mark, outcome.reason)
         assert b"wgmma" in Path(backend.artifact_binary(outcome.artifact)).read_bytes()
+
+
+def test_the_scripted_agent_moves_cutlass_knobs_inside_the_family_rules() -> None:
+    """The cutlass reference sits at the accumulator limit (128x256 cooperative): a memory-bound profile
+    asks for larger tiles, which the rules refuse, so a careful agent reads them and moves other knobs."""
+    proposer = AgentProposer(MANIFEST, settings())
+    spec, dtype = MANIFEST.dsl("cutlass"), MANIFEST.dtypes[SHAPE.dtype]
+    for iteration in range(2, 22):
+        idea = proposer.propose(context(dsl="cutlass", iteration=iteration))
+        assert isinstance(idea, Idea), idea.reason
+        assert spec.broken_rule(idea.knobs, (SHAPE.m, SHAPE.n, SHAPE.k), dtype) is None, idea.summary
+
+
+def test_once_every_cutlass_edit_was_tried_the_scripted_agent_moves_a_knob_instead_of_repeating_one() -> None:
+    """The cutlass family offers two structural edits: once ideas.md lists both, either would be a
+    candidate tried before (a repeat or the same compile error: an attempt, again and again)."""
+    tried = [
+        words
+        for kind, old, _, words in SWAPS
+        if old in (Settings().kernels_dir / "kernels" / "cutlass" / "cutlass_sm90.cuh").read_text()
+    ]
+    assert len(tried) == 2
+    proposer = AgentProposer(MANIFEST, settings())
+    for iteration in range(2, 12):
+        ctx = context("structural", dsl="cutlass", iteration=iteration)
+        past = [
+            HistoryEntry(iteration=1 + n, summary=w, decision="DISCARD", tflops=390.0, change="structural")
+            for n, w in enumerate(tried)
+        ]
+        idea = proposer.propose(ctx.model_copy(update={"history": [*ctx.history, *past]}))
+        assert isinstance(idea, Idea), idea.reason
+        assert idea.summary.startswith("set ") and idea.knobs != ctx.best_knobs, idea.summary

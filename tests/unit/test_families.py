@@ -78,6 +78,22 @@ def test_the_manifest_refuses_a_rule_it_cannot_read_and_a_seed_that_breaks_a_rul
         assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_each_mode_names_its_family_cutlass_from_the_current_best_and_cuda_from_scratch(
+    manifest: Manifest, tmp_path: Path
+) -> None:
+    assert manifest.family(None) == "cutlass"  # the default mode: from_current_best
+    assert manifest.family(None, "from_scratch") == "cuda"  # the naive mma.sync seed
+    assert manifest.family("cuda") == "cuda"  # one named (--dsl, CROQQ_DSL) wins
+    with pytest.raises(ConfigError, match="unknown mode 'fast'"):
+        manifest.family(None, "fast")
+    raw = json.loads(MANIFEST.read_text())
+    raw["modes"]["from_scratch"]["dsl"] = "triton"
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="mode 'from_scratch' names dsl 'triton', which 'dsls' does not"):
+        load_manifest(path)
+
+
 # -- the CUTLASS family's rules, against what the H200 ran -----------------------------------------------
 
 

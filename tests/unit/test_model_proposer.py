@@ -14,9 +14,8 @@ from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.records import HistoryEntry
 from croqq.domain.shapes import parse_key
-from croqq.proposers._base import ProposeContext
+from croqq.proposers._base import ProposeContext, over_budget
 from croqq.proposers.model import INITIAL, ModelProposer
-from croqq.proposers.search import over_budget
 from croqq.settings import PROJECT_ROOT, Settings
 
 SHAPE = parse_key("f16_1024x1024x1024")
@@ -130,19 +129,25 @@ def test_it_converges_on_a_bowl_within_thirty_measurements(seed: int) -> None:
     assert run.ratio() <= 1.05, f"seed {seed}: shipped {run.ratio():.3f}x the optimum"
 
 
-def test_on_the_gemm_knobs_it_never_proposes_what_the_resource_check_refuses() -> None:
+@pytest.mark.parametrize(("dsl", "seed"), [("cuda", "naive"), ("cutlass", "reference")])
+def test_on_the_gemm_knobs_it_never_proposes_what_the_resource_check_or_a_family_rule_refuses(
+    dsl: str, seed: str
+) -> None:
     real = load_manifest(PROJECT_ROOT / "kernels" / "manifest.json")
     shape = parse_key("f16_4096x4096x4096")
     proposer = ModelProposer(real, Settings())
-    knobs = seed_knobs(real, "cuda", "f16", "naive")
+    knobs = seed_knobs(real, dsl, "f16", seed)
     history = [HistoryEntry(iteration=0, summary="baseline", decision="BASELINE", tflops=100.0, knobs=knobs)]
     tried: list[str] = []
     for i in range(1, 16):
         ctx = context(history, tried=tried).model_copy(
-            update={"shape": shape, "dsl": "cuda", "knob_space": real.dsl("cuda").knobs, "best_knobs": knobs}
+            update={"shape": shape, "dsl": dsl, "knob_space": real.dsl(dsl).knobs, "best_knobs": knobs}
         )
         idea = proposer.propose(ctx)
         assert not over_budget(idea.knobs, 2, shape.k), idea.knobs
+        assert real.dsl(dsl).broken_rule(idea.knobs, (4096, 4096, 4096), real.dtypes["f16"]) is None, (
+            idea.knobs
+        )
         tried.append(idea.content_hash)
         history.append(
             HistoryEntry(iteration=i, summary="x", decision="DISCARD", tflops=100.0 + i, knobs=idea.knobs)

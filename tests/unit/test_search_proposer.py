@@ -15,8 +15,8 @@ from croqq.domain.knobs import seed_knobs
 from croqq.domain.manifest import Manifest, load_manifest
 from croqq.domain.records import Strategy
 from croqq.domain.shapes import Shape, parse_key
-from croqq.proposers._base import ProposeContext
-from croqq.proposers.search import GUIDANCE, SearchProposer, over_budget
+from croqq.proposers._base import ProposeContext, over_budget
+from croqq.proposers.search import GUIDANCE, SearchProposer
 from croqq.settings import PROJECT_ROOT, Settings
 
 SHAPE = parse_key("f16_4096x8192x8192")
@@ -177,3 +177,22 @@ def test_never_proposes_an_idea_over_the_resource_budget() -> None:
             for i in range(40):
                 idea = proposer().propose(context(strategy, iteration=i, shape=shape))
                 assert not over_budget(idea.knobs, a_bytes, shape.k), (strategy, idea.knobs)
+
+
+def test_never_proposes_what_a_rule_of_the_cutlass_family_refuses() -> None:
+    """Its reference sits at the accumulator limit (128x256 cooperative): a larger tile, ping-pong at that
+    tile, split-K without stream-K or FP8 fast accumulation on f16 would each be an attempt, never run."""
+    spec = manifest().dsl("cutlass")
+    strategies: tuple[Strategy, ...] = ("refine", "escalate", "radical")
+    for shape in (SHAPE, parse_key("e4m3_4096x4096x128")):
+        best = seed_knobs(manifest(), "cutlass", shape.dtype, "reference")
+        hashes = [knob_candidate(manifest(), Settings(), "cutlass", shape, best).content_hash]
+        for strategy in strategies:
+            for i in range(40):
+                ctx = context(strategy, iteration=i, shape=shape, best=best, tried=hashes)
+                ctx = ctx.model_copy(
+                    update={"dsl": "cutlass", "knob_space": spec.knobs, "bottleneck": "memory"}
+                )
+                idea = proposer().propose(ctx)
+                dims, dtype = (shape.m, shape.n, shape.k), manifest().dtypes[shape.dtype]
+                assert spec.broken_rule(idea.knobs, dims, dtype) is None, (strategy, idea.knobs)

@@ -72,7 +72,8 @@ def all_shapes() -> list[Shape]:
 
 
 def backend(**overrides: float) -> SimBackend:
-    return SimBackend(manifest(), Settings(time_scale=0.0, **overrides))  # type: ignore[arg-type]
+    """The cuda family's model (the default family is cutlass: test_sim_cutlass.py models it)."""
+    return SimBackend(manifest(), Settings(time_scale=0.0, dsl="cuda", **overrides))  # type: ignore[arg-type]
 
 
 def gpu(probe: GpuProbe | None = None) -> GpuContext:
@@ -163,7 +164,7 @@ def test_seed_kernels_build_and_measure_on_every_scheduled_shape() -> None:
 
 
 def test_build_sleeps_the_implement_time_scaled() -> None:
-    be = SimBackend(manifest(), Settings(time_scale=0.01, sim_implement_s=5.0))
+    be = SimBackend(manifest(), Settings(time_scale=0.01, sim_implement_s=5.0, dsl="cuda"))
     started = time.monotonic()
     build = be.build(BIG, cand(BIG))
     assert time.monotonic() - started >= 0.05 and build.seconds >= 0.05
@@ -213,7 +214,7 @@ def test_hash_chosen_runtime_failures_are_outcomes(outcome: str) -> None:
 
 
 def test_a_hanging_candidate_waits_out_the_run_timeout() -> None:
-    be = SimBackend(manifest(), Settings(time_scale=0.01, run_timeout_s=10.0, sim_measure_s=0.0))
+    be = SimBackend(manifest(), Settings(time_scale=0.01, run_timeout_s=10.0, sim_measure_s=0.0, dsl="cuda"))
     art = faulty(BIG, "hang")
     started = time.monotonic()
     (m,) = be.measure(gpu(), BIG, [art])
@@ -251,7 +252,10 @@ def test_a_gpu_host_with_an_empty_cache_gets_the_artifact_from_redis_and_never_b
 ) -> None:
     build_host, gpu_host = (
         SimBackend(manifest(), s, ArtifactStore(s, redis_client))
-        for s in (Settings(run_dir=tmp_path / "build-host"), Settings(run_dir=tmp_path / "gpu-host"))
+        for s in (
+            Settings(run_dir=tmp_path / "build-host", dsl="cuda"),
+            Settings(run_dir=tmp_path / "gpu-host", dsl="cuda"),
+        )
     )
     gpu_host.build = None  # type: ignore[assignment,method-assign]  # this host has no build tools
     built = artifact(build_host, BIG)
@@ -329,7 +333,9 @@ def test_vendor_figure_is_a_cublas_like_share_of_the_best_kernel_on_hoppers_asyn
         assert 0.85 <= vendor / be.optimum_tflops(GPU_TYPE, shape, "cutlass") <= 0.95, shape.key
     assert (be.vendor_tflops(gpu(), BIG) or 0.0) > 1.1 * be.optimum_tflops(GPU_TYPE, BIG)
     cuda_only = manifest().model_copy(update={"dsls": {"cuda": manifest().dsl("cuda")}})
-    alone = SimBackend(cuda_only, Settings(time_scale=0.0))  # no cutlass family: the cuda family's best
+    alone = SimBackend(
+        cuda_only, Settings(time_scale=0.0, dsl="cuda")
+    )  # no cutlass family: the cuda family's best
     ratio = (alone.vendor_tflops(gpu(), BIG) or 0.0) / be.optimum_tflops(GPU_TYPE, BIG)  # freed of its limit
     assert 0.85 / 0.8 <= ratio <= 0.95 / 0.8
 

@@ -63,7 +63,8 @@ def manifest() -> Manifest:
 
 
 def backend() -> SimBackend:
-    return SimBackend(manifest(), Settings(time_scale=0.0))
+    """The cuda family's model (the default family is cutlass: test_sim_cutlass.py models it)."""
+    return SimBackend(manifest(), Settings(time_scale=0.0, dsl="cuda"))
 
 
 def gpu() -> GpuContext:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import kombu
+import pytest
 
 import croqq.processes.app  # noqa: F401 - importing the app installs the transport
 from croqq.delivery import transport
 from croqq.delivery.redis_client import kombu_url
+from croqq.patience import wait_until
 from croqq.settings import Settings
 
 
@@ -37,3 +41,24 @@ def test_a_channel_reuses_one_client_per_pool_and_still_carries_messages(redis_s
             assert third is not first and third.connection_pool is channel.pool
             assert third.ping()
         queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_fanout_read_on_a_dropped_pubsub_connection_reconnects_and_returns_instead_of_waiting_for_ever(
+    redis_server, redis_client
+) -> None:  # type: ignore[no-untyped-def]
+    """What held a GPU worker's event loop after a partition: kombu dropped its stale pub/sub connection,
+    then read a fanout message with a blocking read, which redis-py let wait for ever."""
+    with kombu.Connection(kombu_url(Settings(broker_url=redis_server.url))) as conn:
+        pubsub = conn.default_channel.subclient
+        pubsub.subscribe("croqq-fanout-test")
+        assert pubsub.parse_response()[0] in (b"subscribe", "subscribe")  # the confirmation: there at once
+        pubsub.connection.disconnect()  # as kombu does after missed health checks
+        resubscribed = pubsub.parse_response()  # kombu's call: it reconnects and subscribes again
+        assert resubscribed[0] in (b"subscribe", "subscribe")
+        started = time.monotonic()
+        assert pubsub.parse_response() is None  # no message: none after the bound, not a wait for ever
+        assert time.monotonic() - started < transport.FANOUT_READ_S + 5
+        redis_client.publish("croqq-fanout-test", "hello")  # resubscribed on the reconnect: it arrives
+        got = wait_until(pubsub.parse_response, 30, "the message published after the reconnect")
+        assert got[-1] in (b"hello", "hello")

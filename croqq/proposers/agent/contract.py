@@ -101,6 +101,7 @@ class WorkspaceContext(BaseModel):
     profile_metrics: dict[str, float]
     knob_space: dict[str, list[int]]  # every knob must be #defined by the candidate, to one of these
     rules: list[Rule] = []  # knob combinations the hardware cannot run: refused before any compile
+    rule_env: dict[str, int] = {}  # what the rules read besides the knobs: M, N, K, A_BYTES, C_BYTES, SPARSE
     run: Literal["harness", "self-timed"] = "harness"  # who owns main and the timer: croqq's or the kernel
     best_knobs: dict[str, int]
     family: FamilyLayout | None = None  # None: the family header includes no kernel header

@@ -11,15 +11,18 @@ answer that was refused or did not build is not given again.
 
 - phase ``knobs``: one or two knob ``#define`` values moved to a neighbouring value of the knob space,
   leaning towards the moves the profile's bottleneck suggests and staying inside the shared-memory and
-  register envelope; nothing else changes.
+  register envelope and the family's rules (context.json's ``rules`` over ``rule_env``); nothing else
+  changes.
 - phases ``structural``, ``micro``, ``regenerate``: first *take ownership* of the kernel (the family
   include becomes the family's define, the text of the kernel header it includes first, gemm_core.cuh
   or cutlass_sm90.cuh, and its other includes), then one structural edit not listed in ideas.md when
   avoidable: an unroll factor, the __launch_bounds__ minimum of resident CTAs, the CTA raster order, the
   cp.async wait depth (cuda); the epilogue without its C source, the shared memory the automatic stage
   count leaves out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly).
-  ``regenerate`` may add a three-knob jump. About 8% of the edits come out broken (a typo'd identifier, a
-  missing semicolon: :data:`BROKEN`) and really fail nvcc.
+  ``regenerate`` may add a three-knob jump; once every edit on offer is in ideas.md (the cutlass family
+  offers two), a knob move instead, so that it is not the same candidate (or compile error) again. About 8%
+  of the edits come out broken (a typo'd identifier, a missing semicolon: :data:`BROKEN`) and really fail
+  nvcc.
 
 Tests only: ``CROQQ_SCRIPTED_MISBEHAVE=<name>`` does the wrong thing :data:`MISBEHAVIOURS` names instead
 (``CROQQ_SCRIPTED_TARGET``: where ``symlink`` points).
@@ -27,6 +30,7 @@ Tests only: ``CROQQ_SCRIPTED_MISBEHAVE=<name>`` does the wrong thing :data:`MISB
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -219,6 +223,28 @@ def fits(knobs: dict[str, int], dtype: str, k: int) -> bool:
         return True
 
 
+RULE_NODES = (  # what a rule may hold (as croqq.domain.rules parses it): arithmetic, comparisons, min/max
+    ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Call, ast.Name, ast.Load,
+    ast.Constant, ast.And, ast.Or, ast.Not, ast.USub, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
+    ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
+)  # fmt: skip
+
+
+def rules_hold(ws: Workspace, knobs: dict[str, int]) -> bool:
+    """No rule of context.json is broken by these knobs on this shape (croqq refuses those unbuilt)."""
+    env = {**ws.get("rule_env", {}), **knobs}
+    for rule in ws.get("rules", []):
+        tree = ast.parse(rule["require"], mode="eval")
+        if not all(isinstance(node, RULE_NODES) for node in ast.walk(tree)):
+            continue  # not plain arithmetic: croqq judges it
+        try:
+            if not eval(compile(tree, "rule", "eval"), {"__builtins__": {}, "min": min, "max": max}, env):
+                return False
+        except (NameError, TypeError, ZeroDivisionError):
+            continue  # a name this context lacks: croqq judges it
+    return True
+
+
 def knob_moves(ws: Workspace, rng: random.Random, count: int, reach: int = 1) -> dict[str, int]:
     """``count`` knobs moved up to ``reach`` steps, leaning the bottleneck's way, inside the envelope."""
     space, now = ws.space, ws.knobs
@@ -241,7 +267,12 @@ def knob_moves(ws: Workspace, rng: random.Random, count: int, reach: int = 1) ->
             name, value = rng.choices(options, weights)[0]
             moves.setdefault(name, value)
         words = describe(now, moves)
-        if fits({**now, **moves}, str(ws.get("dtype")), int(ws.get("k", 0))) and words not in ws.ideas:
+        knobs = {**now, **moves}
+        if (
+            fits(knobs, str(ws.get("dtype")), int(ws.get("k", 0)))
+            and rules_hold(ws, knobs)
+            and words not in ws.ideas
+        ):
             return moves
         fallback = fallback or moves
     return fallback
@@ -314,9 +345,8 @@ def structural_edits(text: str) -> list[Edit]:
 def structural_idea(ws: Workspace, rng: random.Random) -> tuple[str, str]:
     owned = take_ownership(ws.best, Path(INCLUDE))
     text = ws.best if owned is None else owned[0]
-    edits = structural_edits(text)
-    fresh = [e for e in edits if e.summary not in ws.ideas] or edits
-    if not fresh:
+    fresh = [e for e in structural_edits(text) if e.summary not in ws.ideas]
+    if not fresh:  # every edit on offer was tried: another one would repeat it (or its compile error)
         return knob_idea(ws, rng)
     favour = 6.0 if ws.get("phase") == "micro" else 3.0
     kinds = sorted({e.kind for e in fresh})  # a kind first: the many unroll sites are one idea

@@ -23,7 +23,7 @@ from pathlib import Path
 from croqq.backends.toolchain import package_includes
 from croqq.domain import source as src
 from croqq.domain.knobs import compile_flags
-from croqq.domain.manifest import Manifest
+from croqq.domain.manifest import Manifest, rule_env
 from croqq.domain.records import HistoryEntry
 from croqq.domain.source import HeaderResolver, read_header
 from croqq.errors import HostError
@@ -310,6 +310,7 @@ def build(ctx: ProposeContext, manifest: Manifest, resolver: HeaderResolver) -> 
         profile_metrics=ctx.profile_metrics,
         knob_space=ctx.knob_space,
         rules=manifest.dsl(ctx.dsl).rules,
+        rule_env=rule_env((ctx.shape.m, ctx.shape.n, ctx.shape.k), manifest.dtypes[ctx.shape.dtype]),
         run=manifest.dsl(ctx.dsl).run.kind,
         best_knobs=ctx.best_knobs,
         family=family_layout(manifest, ctx.dsl, ctx.shape.dtype, resolver),
