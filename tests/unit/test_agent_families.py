@@ -127,7 +127,7 @@ def test_once_every_cutlass_edit_was_tried_the_scripted_agent_moves_a_knob_inste
     candidate tried before (a repeat or the same compile error: an attempt, again and again)."""
     tried = [
         words
-        for kind, old, _, words in SWAPS
+        for _, old, _, words in SWAPS
         if old in (Settings().kernels_dir / "kernels" / "cutlass" / "cutlass_sm90.cuh").read_text()
     ]
     assert len(tried) == 2

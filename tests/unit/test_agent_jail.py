@@ -166,3 +166,46 @@ def _runs_as(user: list[str], command: list[str]) -> bool:
         return subprocess.run([*user, *command], capture_output=True, timeout=60, check=False).returncode == 0
     except OSError:
         return False
+
+
+def test_the_launcher_reads_its_options_in_both_spellings_and_starts_on_the_standard_library_alone() -> None:
+    from croqq.proposers.agent import confine
+
+    args = confine.parse(
+        ["--join=/a", "--join", "/b", "--cpu=5", "--as", "7", "--ro=best.cu", "--", "x", "--y"]
+    )
+    assert (args.join, args.cpu, args.as_, args.ro, args.command) == (
+        ["/a", "/b"],
+        5,
+        7,
+        ["best.cu"],
+        ["x", "--y"],
+    )
+    probe = (
+        "import sys, runpy; runpy.run_path(sys.argv[1]); "
+        "print(sorted({'argparse', 'pathlib', 'ctypes'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe, str(jail.CONFINE)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout.split() == ["[]"], out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--cpu=x", "--", "true"], "argument --cpu: invalid int value: 'x'"),
+        (["--bogus", "--", "true"], "unrecognized argument: --bogus"),
+        (["--view", "--", "true"], "argument --view: expected one argument"),
+        (["--cpu=5"], "no command after --"),
+    ],
+)
+def test_the_launcher_refuses_a_bad_option_with_exit_2_and_says_which(argv: list[str], words: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-I", "-S", str(jail.CONFINE), *argv], check=False, capture_output=True, text=True
+    )
+    assert run.returncode == 2
+    assert run.stderr.splitlines()[-1] == f"confine.py: error: {words}"

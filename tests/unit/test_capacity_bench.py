@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks.capacity_bench import (
     _label,
+    _letter,
     busy_s,
     capacity_limits,
     chain_plan,
@@ -83,6 +84,13 @@ def test_processes_are_named_by_role() -> None:
     assert _label("/v/bin/python -m croqq writer --log-level WARNING") == "croqq writer"
     worker = "/v/bin/python -m benchmarks.capacity_bench floor-worker gpu.GPU-0 prefork 1 2"
     assert _label(worker) == "floor gpu.GPU-0"
+
+
+def test_every_familys_build_queue_counts_as_a_build_hop() -> None:
+    from croqq.delivery.queues import build_queue, gpu_queue
+
+    assert [_letter(build_queue(dsl)) for dsl in ("cuda", "cutlass")] == ["b", "b"]
+    assert [_letter(q) for q in ("ideate", "store", gpu_queue("GPU-sim-vm-0"))] == ["i", "s", "g"]
 
 
 def test_croqq_and_floor_processes_are_compared_by_the_queue_they_serve() -> None:

@@ -15,8 +15,8 @@ answer that was refused or did not build is not given again.
   changes.
 - phases ``structural``, ``micro``, ``regenerate``: first *take ownership* of the kernel (the family
   include becomes the family's define, the text of the kernel header it includes first, gemm_core.cuh
-  or cutlass_sm90.cuh, and its other includes), then one structural edit not listed in ideas.md when
-  avoidable: an unroll factor, the __launch_bounds__ minimum of resident CTAs, the CTA raster order, the
+  or cutlass_sm90.cuh, and its other includes), then one structural edit not listed in ideas.md: an
+  unroll factor, the __launch_bounds__ minimum of resident CTAs, the CTA raster order, the
   cp.async wait depth (cuda); the epilogue without its C source, the shared memory the automatic stage
   count leaves out (cutlass); the profile's bottleneck favours some kinds (``micro`` more strongly).
   ``regenerate`` may add a three-knob jump; once every edit on offer is in ideas.md (the cutlass family
