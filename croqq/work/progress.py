@@ -158,11 +158,12 @@ class RateMeter:
         return remaining / self.rate if self.rate > 0 else None
 
 
-CPU_S_PER_ITERATION = 0.15
+CPU_S_PER_ITERATION = 0.19
 """Whole-cluster CPU seconds per stored iteration of the simulated backend at zero step time, the scripted
-agent and the live view included: the user plus system time of a whole ``make demo`` (``croqq up`` and
-its children), divided by the iterations it stored (1,264 s for 8,308 on 2 cores; a scaled run, the
-command in benchmarks/README.md, costs less per iteration: 0.12 s)."""
+agent and the live view included: the machine's busy CPU (/proc/stat) over a whole ``make demo`` on an
+otherwise idle machine, divided by the iterations it stored (1,542 s for 8,308 on 2 cores, the cutlass
+family, agents jailed with ``unshare``; the attempts the scripted agent makes late in a shape's 30
+iterations count too: a scaled run, ``benchmarks/scaled_demo.sh``, costs less per iteration: 0.12 s)."""
 
 
 def expected_s(

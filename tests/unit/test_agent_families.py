@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from croqq.backends.cuda import CudaBackend
 from croqq.backends.toolchain import candidate_of
 from croqq.domain.knobs import include_resolver
 from croqq.domain.records import HistoryEntry, Idea
-from croqq.proposers.agent import workspace
+from croqq.proposers.agent import scripted, workspace
 from croqq.proposers.agent.checks import check_source
 from croqq.proposers.agent.proposer import AgentProposer
 from croqq.proposers.agent.scripted import SWAPS
@@ -141,3 +143,34 @@ def test_once_every_cutlass_edit_was_tried_the_scripted_agent_moves_a_knob_inste
         idea = proposer.propose(ctx.model_copy(update={"history": [*ctx.history, *past]}))
         assert isinstance(idea, Idea), idea.reason
         assert idea.summary.startswith("set ") and idea.knobs != ctx.best_knobs, idea.summary
+
+
+@pytest.mark.parametrize(
+    ("require", "holds"),
+    [
+        ("TILE_M * TILE_K * A_BYTES <= 16384", False),  # 128 * 128 * 2: broken, so the move is refused
+        ("max(TILE_M, M) % TILE_M == 0", True),
+        ("TILE_M.bit_length() > 99", True),  # an attribute: not plain arithmetic, croqq judges it
+        ("(lambda: 0)()", True),  # nested code: croqq judges it
+        ("UNKNOWN_KNOB > 1", True),  # a name the context lacks: croqq judges it
+        ("TILE_M >", True),  # unreadable: croqq judges it
+    ],
+)
+def test_the_scripted_agent_evaluates_only_plain_arithmetic_rules(require: str, holds: bool) -> None:
+    ws = scripted.Workspace(
+        {"rules": [{"require": require}], "rule_env": {"M": 4096, "A_BYTES": 2}}, "", "", 0
+    )
+    assert scripted.rules_hold(ws, {"TILE_M": 128, "TILE_K": 128}) is holds
+
+
+def test_the_scripted_agent_starts_on_a_lean_standard_library() -> None:
+    """It runs once per agent call: typing, dataclasses, pathlib and ast would cost it a third more CPU."""
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import scripted; "
+        "print(sorted({'ast', 'dataclasses', 'pathlib', 'typing'} & set(sys.modules)))"
+    )
+    folder = str(Path(scripted.__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", probe, folder], check=False, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["[]"], out.stderr

@@ -30,7 +30,6 @@ Tests only: ``CROQQ_SCRIPTED_MISBEHAVE=<name>`` does the wrong thing :data:`MISB
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -38,10 +37,11 @@ import random
 import re
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False  # typing, dataclasses, pathlib and ast: ~17 ms of CPU per start, not imported
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
 
 BEST, CONTEXT, IDEAS, INCLUDE = "best.cu", "context.json", "ideas.md", "include"  # as in contract.py
 HISTORY = "history.md"
@@ -143,24 +143,27 @@ def attempts_since_iteration(history: str) -> int:
     return count
 
 
-@dataclass(frozen=True)
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 class Workspace:
-    ctx: dict[str, Any]
-    best: str
-    ideas: str
-    seed: int
+    def __init__(self, ctx: dict[str, Any], best: str, ideas: str, seed: int) -> None:
+        self.ctx, self.best, self.ideas, self.seed = ctx, best, ideas, seed
 
     @classmethod
     def read(cls) -> Workspace:
-        ctx = json.loads(Path(CONTEXT).read_text(encoding="utf-8"))
-        best = Path(BEST).read_text(encoding="utf-8")
-        ideas = Path(IDEAS).read_text(encoding="utf-8") if Path(IDEAS).is_file() else ""
+        ctx = json.loads(read(CONTEXT))
+        best = read(BEST)
+        ideas = read(IDEAS) if os.path.isfile(IDEAS) else ""
         parts = [str(ctx["key"]), str(ctx["iteration"]), best, ideas]
-        retries = (
-            attempts_since_iteration(Path(HISTORY).read_text(encoding="utf-8"))
-            if Path(HISTORY).is_file()
-            else 0
-        )
+        retries = attempts_since_iteration(read(HISTORY)) if os.path.isfile(HISTORY) else 0
         if retries:  # the last answers were refused or did not build: another draw, not the same again
             parts.append(f"retry {retries}")
         digest = hashlib.sha256("\0".join(parts).encode())
@@ -186,11 +189,11 @@ class Workspace:
         return f" ({self.bottleneck}-bound per profile)" if self.bottleneck in GUIDANCE else ""
 
 
-@dataclass(frozen=True)
 class Edit:
-    kind: str  # unroll / bounds / raster / pipeline
-    summary: str
-    apply: Callable[[str], str]
+    def __init__(self, kind: str, summary: str, apply: Callable[[str], str]) -> None:
+        self.kind = kind  # unroll / bounds / raster / pipeline / epilogue
+        self.summary = summary
+        self.apply = apply
 
 
 # -- knobs -------------------------------------------------------------------------------------------
@@ -223,22 +226,27 @@ def fits(knobs: dict[str, int], dtype: str, k: int) -> bool:
         return True
 
 
-RULE_NODES = (  # what a rule may hold (as croqq.domain.rules parses it): arithmetic, comparisons, min/max
-    ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Call, ast.Name, ast.Load,
-    ast.Constant, ast.And, ast.Or, ast.Not, ast.USub, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
-    ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
-)  # fmt: skip
+RULE_FUNCTIONS = {"min": min, "max": max}
 
 
 def rules_hold(ws: Workspace, knobs: dict[str, int]) -> bool:
-    """No rule of context.json is broken by these knobs on this shape (croqq refuses those unbuilt)."""
+    """No rule of context.json is broken by these knobs on this shape (croqq refuses those unbuilt).
+
+    croqq accepts only plain-arithmetic rules (:mod:`croqq.domain.rules`); this agent evaluates one only
+    when its compiled code names nothing but the context's values and min/max (no attribute, no other
+    function) and holds no nested code (no lambda or comprehension); anything else it leaves to croqq."""
     env = {**ws.get("rule_env", {}), **knobs}
     for rule in ws.get("rules", []):
-        tree = ast.parse(rule["require"], mode="eval")
-        if not all(isinstance(node, RULE_NODES) for node in ast.walk(tree)):
+        try:
+            code = compile(rule["require"], "rule", "eval")
+        except SyntaxError:
+            continue
+        if not set(code.co_names) <= env.keys() | RULE_FUNCTIONS.keys() or any(
+            hasattr(const, "co_code") for const in code.co_consts
+        ):
             continue  # not plain arithmetic: croqq judges it
         try:
-            if not eval(compile(tree, "rule", "eval"), {"__builtins__": {}, "min": min, "max": max}, env):
+            if not eval(code, {"__builtins__": {}, **RULE_FUNCTIONS}, env):
                 return False
         except (NameError, TypeError, ZeroDivisionError):
             continue  # a name this context lacks: croqq judges it
@@ -291,18 +299,18 @@ def knob_idea(ws: Workspace, rng: random.Random) -> tuple[str, str]:
 # -- structural edits --------------------------------------------------------------------------------
 
 
-def take_ownership(text: str, include: Path) -> tuple[str, str] | None:
+def take_ownership(text: str, include: str) -> tuple[str, str] | None:
     """(the source with its family include replaced by the family's define, the text of the kernel
     header the family includes first and the family's other includes, that kernel header's name), or
     None when the source already owns its kernel: cuda's gemm_f16.cuh is CROQQ_F16, gemm_core.cuh and
     harness.cuh; cutlass's cutlass_f16.cuh is CROQQ_F16, cutlass_sm90.cuh, cutlass_run.cuh, harness.cuh."""
     for m in INCLUDE_LINE.finditer(text):
-        header = include / m.group(1)
-        body = header.read_text(encoding="utf-8") if header.is_file() else ""
+        header = os.path.join(include, m.group(1))
+        body = read(header) if os.path.isfile(header) else ""
         define = FAMILY_DEFINE.search(body)
         kernels = INCLUDE_LINE.findall(body)
         if define and kernels and kernels[0] != HARNESS:
-            core = re.sub(PRAGMA_ONCE, "", (include / kernels[0]).read_text(encoding="utf-8"))
+            core = re.sub(PRAGMA_ONCE, "", read(os.path.join(include, kernels[0])))
             rest = "".join(f'\n#include "{name}"' for name in kernels[1:])
             owned = f"#define {define.group(1)} 1\n{core.rstrip()}{rest}"
             return text[: m.start()] + owned + text[m.end() :], kernels[0]
@@ -343,7 +351,7 @@ def structural_edits(text: str) -> list[Edit]:
 
 
 def structural_idea(ws: Workspace, rng: random.Random) -> tuple[str, str]:
-    owned = take_ownership(ws.best, Path(INCLUDE))
+    owned = take_ownership(ws.best, INCLUDE)
     text = ws.best if owned is None else owned[0]
     fresh = [e for e in structural_edits(text) if e.summary not in ws.ideas]
     if not fresh:  # every edit on offer was tried: another one would repeat it (or its compile error)
@@ -374,8 +382,8 @@ def propose(ws: Workspace) -> tuple[str, str]:
 
 
 def answer(text: str, summary: str) -> None:
-    Path(CANDIDATE).write_text(text, encoding="utf-8")
-    Path(SUMMARY).write_text(summary.replace("\n", " ")[:300] + "\n", encoding="utf-8")
+    write(CANDIDATE, text)
+    write(SUMMARY, summary.replace("\n", " ")[:300] + "\n")
 
 
 def die(code: int, message: str) -> NoReturn:
@@ -411,7 +419,7 @@ TIMING = (
 )
 MISBEHAVIOURS: dict[str, Callable[[Workspace], object]] = {
     "nothing": lambda ws: None,
-    "two": normal_then(lambda text: Path("candidate2.cu").write_text(text, encoding="utf-8")),
+    "two": normal_then(lambda text: write("candidate2.cu", text)),
     "huge": lambda ws: answer(ws.best + HUGE_LINE * HUGE_LINES, "a 50 MB candidate"),
     "symlink": through_symlink,
     "include-passwd": lambda ws: answer('#include "/etc/passwd"\n' + ws.best, "include /etc/passwd"),
@@ -421,7 +429,7 @@ MISBEHAVIOURS: dict[str, Callable[[Workspace], object]] = {
     "fail": lambda ws: die(3, "told to fail (CROQQ_SCRIPTED_MISBEHAVE=fail)"),
     "unchanged": lambda ws: answer(ws.best, "no change"),
     "timing": lambda ws: answer(ws.best + TIMING, "time the kernel with CUDA events myself"),
-    "modify": normal_then(lambda text: Path(BEST).write_text(text, encoding="utf-8")),
+    "modify": normal_then(lambda text: write(BEST, text)),
 }
 
 
