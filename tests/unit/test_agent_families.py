@@ -5,6 +5,7 @@ scripted agent takes a CUTLASS kernel into its file and edits it (nvcc: those ed
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -174,3 +175,35 @@ def test_the_scripted_agent_starts_on_a_lean_standard_library() -> None:
         [sys.executable, "-I", "-S", "-c", probe, folder], check=False, capture_output=True, text=True
     )
     assert out.stdout.split() == ["[]"], out.stderr
+
+
+def test_once_the_near_moves_were_tried_the_scripted_agent_widens_instead_of_repeating_one() -> None:
+    """cutlass's rules leave about ten single moves around its reference kernel: once ideas.md lists them
+    all, a one-knob draw can only repeat one (or break a rule): the agent moves one more knob instead."""
+    spec = MANIFEST.dsl("cutlass")
+    now = dict(spec.kernels["f16"].reference)
+    space = {name: list(values) for name, values in spec.knobs.items()}
+    ctx = {
+        "knob_space": space,
+        "best_knobs": now,
+        "rules": [{"require": r.require} for r in spec.rules],
+        "rule_env": {"M": 4096, "N": 8192, "K": 8192, "A_BYTES": 2, "C_BYTES": 2, "SPARSE": 0},
+        "dtype": "f16",
+        "k": 8192,
+    }
+    probe = scripted.Workspace(ctx, "", "", 0)
+    singles = [
+        {name: values[i + step]}
+        for name, values in space.items()
+        for i in [values.index(now[name])]
+        for step in (-1, 1)
+        if 0 <= i + step < len(values) and scripted.rules_hold(probe, {**now, name: values[i + step]})
+    ]
+    assert len(singles) >= 5
+    tried = "".join(f"- set {scripted.describe(now, move)}\n" for move in singles)
+    ws = scripted.Workspace(ctx, "", tried, 0)
+    for seed in range(20):
+        moves = scripted.knob_moves(ws, random.Random(seed), 1)
+        knobs = {**now, **moves}
+        assert scripted.rules_hold(ws, knobs) and scripted.fits(knobs, "f16", 8192), moves
+        assert scripted.describe(now, moves) not in tried and len(moves) == 2, moves

@@ -227,6 +227,19 @@ def fits(knobs: dict[str, int], dtype: str, k: int) -> bool:
 
 
 RULE_FUNCTIONS = {"min": min, "max": max}
+_CODE: dict[str, Any] = {}
+
+
+def compiled(require: str) -> Any:
+    """A rule's code (compiled once: knob_moves checks many draws), or None if it does not compile or holds
+    nested code (a lambda, a comprehension)."""
+    if require not in _CODE:
+        try:
+            code = compile(require, "rule", "eval")
+        except SyntaxError:
+            code = None
+        _CODE[require] = None if code is None or any(hasattr(c, "co_code") for c in code.co_consts) else code
+    return _CODE[require]
 
 
 def rules_hold(ws: Workspace, knobs: dict[str, int]) -> bool:
@@ -237,13 +250,8 @@ def rules_hold(ws: Workspace, knobs: dict[str, int]) -> bool:
     function) and holds no nested code (no lambda or comprehension); anything else it leaves to croqq."""
     env = {**ws.get("rule_env", {}), **knobs}
     for rule in ws.get("rules", []):
-        try:
-            code = compile(rule["require"], "rule", "eval")
-        except SyntaxError:
-            continue
-        if not set(code.co_names) <= env.keys() | RULE_FUNCTIONS.keys() or any(
-            hasattr(const, "co_code") for const in code.co_consts
-        ):
+        code = compiled(rule["require"])
+        if code is None or not set(code.co_names) <= env.keys() | RULE_FUNCTIONS.keys():
             continue  # not plain arithmetic: croqq judges it
         try:
             if not eval(code, {"__builtins__": {}, **RULE_FUNCTIONS}, env):
@@ -253,8 +261,25 @@ def rules_hold(ws: Workspace, knobs: dict[str, int]) -> bool:
     return True
 
 
+DRAWS = 40  # draws of one size and reach before knob_moves widens the neighbourhood
+
+
 def knob_moves(ws: Workspace, rng: random.Random, count: int, reach: int = 1) -> dict[str, int]:
-    """``count`` knobs moved up to ``reach`` steps, leaning the bottleneck's way, inside the envelope."""
+    """``count`` knobs moved up to ``reach`` steps, leaning the bottleneck's way, inside the envelope and
+    the family's rules, and not an idea of ideas.md. When :data:`DRAWS` draws find none (the near moves were
+    all tried: a tight family such as cutlass has about ten single moves), one more knob, then one more
+    step, before anything tried or refused is given again."""
+    fallback: dict[str, int] = {}
+    for more, wider in ((0, 0), (1, 0), (1, 1), (2, 1)):
+        moves, first = _draw(ws, rng, count + more, reach + wider)
+        if moves:
+            return moves
+        fallback = fallback or first
+    return fallback
+
+
+def _draw(ws: Workspace, rng: random.Random, count: int, reach: int) -> tuple[dict[str, int], dict[str, int]]:
+    """(a valid, untried move of ``count`` knobs up to ``reach`` steps, or {}; the first move drawn)."""
     space, now = ws.space, ws.knobs
     helpful = GUIDANCE.get(ws.bottleneck, {})
     options: list[tuple[str, int]] = []
@@ -268,22 +293,21 @@ def knob_moves(ws: Workspace, rng: random.Random, count: int, reach: int = 1) ->
             good = name in helpful and (helpful[name] == 0 or (helpful[name] > 0) == (step > 0))
             weights.append((3.0 if good else 1.0) / abs(step))
     wanted = min(count, len({name for name, _ in options}))
-    fallback: dict[str, int] = {}
-    for _ in range(40):
+    first: dict[str, int] = {}
+    for _ in range(DRAWS):
         moves: dict[str, int] = {}
         while len(moves) < wanted:
             name, value = rng.choices(options, weights)[0]
             moves.setdefault(name, value)
-        words = describe(now, moves)
         knobs = {**now, **moves}
         if (
             fits(knobs, str(ws.get("dtype")), int(ws.get("k", 0)))
             and rules_hold(ws, knobs)
-            and words not in ws.ideas
+            and describe(now, moves) not in ws.ideas
         ):
-            return moves
-        fallback = fallback or moves
-    return fallback
+            return moves, first
+        first = first or moves
+    return {}, first
 
 
 def describe(now: dict[str, int], moves: dict[str, int]) -> str:
