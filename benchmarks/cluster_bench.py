@@ -202,10 +202,10 @@ def duty_compile(work: Path, gpus: int = DUTY_GPUS, build_s: float = CUTLASS_COM
 def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, object]:
     """Kill each worker kind once mid-step (default lease TTL) and time until its step is finished
     elsewhere; Celery alone would redeliver only after the visibility timeout."""
+    from kombu.transport.redis import Channel
+
     from croqq.chaos.faults import KILLS
     from croqq.chaos.stress import StressConfig, run
-    from croqq.processes.app import visibility_timeout_s
-    from croqq.settings import Settings
 
     kinds = [kind for kind, (barrier, _) in KILLS.items() if barrier is not None]
     cfg = StressConfig(
@@ -230,5 +230,5 @@ def recovery(work: Path, ttl_s: float = 10.0) -> dict[str, object]:
         "recovery_kill_target_s": 2 * ttl_s,  # a killed step is finished elsewhere within 2x the lease TTL
         "recovery_rounds_lost": summary["rounds_lost"],
         "recovery_duplicates": summary["duplicates"],
-        "celery_visibility_timeout_s": visibility_timeout_s(Settings()),
+        "celery_visibility_timeout_s": Channel.visibility_timeout,  # kombu's default, for Celery alone
     }

@@ -43,7 +43,7 @@ def populate(server: RedisServer, gpus: int = GPUS) -> int:
     client = server.client()
     settings = Settings(pipeline_depth=4, broker_url=server.url)
     manifest = load_manifest(MANIFEST)
-    ledger = Ledger(client, settings.lease_ttl_s, Advance(), lambda _record: None)
+    ledger = Ledger(client, settings.lease_ttl_s, Advance(), lambda records, pipe: None)
     placement = Placement(settings, client, ledger)
     rng = random.Random(11)
     for i in range(gpus):

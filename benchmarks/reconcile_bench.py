@@ -51,7 +51,7 @@ def run(work_dir: Path) -> dict[str, float | int]:
     writer_bench._prefill(repo, hot + cold)
     with RedisServer(work_dir / "redis") as server:
         settings = Settings(broker_url=server.url, results_repo=repo, run_dir=work_dir / "run")
-        rt = Runtime(settings, publisher=lambda record: None)
+        rt = Runtime(settings, publisher=lambda records, pipe: None)
         rt.client.flushall()
         after_flush, flushed = _timed(rt)
         rewound = _rewind_all(rt)

@@ -4,8 +4,11 @@ Each shape has at most one step in flight. A step record (``croqq:step:<id>``) m
 ``queued -> running -> done`` (or ``dropped``):
 
 - **publish**: the record is written in the same Redis transaction as the shape state that created it,
-  plus an outbox entry; the Celery message is sent afterwards and the outbox entry removed. A crash in
-  between leaves the outbox entry, and housekeeping publishes it again.
+  and so is its Celery message (an LPUSH onto its queue's list: the broker is this Redis), so a step is
+  never written without its message. A STORE's message is the writer's wake-up, sent after the commit
+  only when none is on its way: its record gets an outbox entry instead, removed when the wake-up is
+  sent or found unneeded; a crash in between leaves it, and housekeeping publishes it again (as it does
+  for every step a ledger without a publisher writes).
 - **claim**: a worker may run a step only by moving it ``queued -> running`` for the message's epoch
   (a Lua script); duplicates and stale epochs are refused. The claimer holds a lease: its deadline is
   the step's score in ``croqq:running``, pushed forward by heartbeats (in Redis's memory only: after a
@@ -152,7 +155,7 @@ class StepRecord(BaseModel):
         return (self.status, self.epoch, self.owner) == (StepStatus.RUNNING, epoch, owner)
 
 
-Publisher = Callable[[Sequence[StepRecord]], None]  # sends each step's message
+Publisher = Callable[[Sequence[StepRecord], Any], None]  # adds each step's message to a Redis pipeline
 Write = Callable[[Any], None]
 
 
@@ -294,11 +297,16 @@ class Ledger:
             pipe.zrem(zset, step_id)
 
     def _write_step(self, pipe: Any, record: StepRecord) -> None:
+        """The step's record and, in the same transaction, its message (a STORE's wake-up, or any message
+        where this ledger has no publisher, waits in the outbox for :meth:`publish`)."""
         pipe.hset(keys.step(record.step_id), mapping={k: str(v) for k, v in record.model_dump().items()})
         pipe.zadd(keys.QUEUED, {record.step_id: record.dispatched_at})
-        pipe.zadd(keys.OUTBOX, {record.step_id: record.dispatched_at})
         if record.kind == "store":
             pipe.zadd(keys.QUEUED_STORES, {record.step_id: record.dispatched_at})
+        if record.kind == "store" or self.publisher is None:
+            pipe.zadd(keys.OUTBOX, {record.step_id: record.dispatched_at})
+        else:
+            self.publisher([record], pipe)
 
     def queue_for(self, state: ShapeState, conn: Any) -> str | None:
         """The GPU queue a shape's next GPU step would go to (read before multi)."""
@@ -306,21 +314,25 @@ class Ledger:
 
     # -- publishing -----------------------------------------------------------------------------------
 
-    def publish(self, records: Iterable[StepRecord | None], force: bool = False) -> None:
-        """Send the steps' messages (one publisher call), then take them off the outbox in one call (a crash
-        in between leaves them there: housekeeping publishes them again and the duplicates are dropped at
-        claim).
+    def publish(self, records: Iterable[StepRecord | None]) -> None:
+        """After the transaction that wrote these steps: the STOREs' wake-up (the other steps' messages went
+        out in that transaction)."""
+        self._send([r for r in records if r is not None and r.kind == "store"])
+
+    def _send(self, records: Sequence[StepRecord], force: bool = False) -> None:
+        """Send the messages of steps in the outbox and take them off it in one transaction, one round trip:
+        a crash before it, or a Redis that refuses it (full), leaves them there, and housekeeping publishes
+        them again (duplicates are dropped at claim).
 
         A STORE's message is only the writer's wake-up (the writer drains every queued STORE from the
         ledger), so it is sent only when none is on its way already, unless ``force`` (a re-publish: the
         pending wake-up may have died with its writer)."""
-        if self.publisher is None:
+        if self.publisher is None or not records:
             return
-        planned = [record for record in records if record is not None]
-        if not planned:
-            return
-        self.publisher([r for r in planned if r.kind != "store" or self._wake_due(force)])
-        self.client.zrem(keys.OUTBOX, *(record.step_id for record in planned))
+        with self.client.pipeline() as pipe:
+            self.publisher([r for r in records if r.kind != "store" or self._wake_due(force)], pipe)
+            pipe.zrem(keys.OUTBOX, *(record.step_id for record in records))
+            pipe.execute()
 
     def _wake_due(self, force: bool = False) -> bool:
         """True if the caller is to send the writer a wake-up: none was on its way (or ``force``). The flag
@@ -352,7 +364,9 @@ class Ledger:
                 continue
             if not self._wake_due():
                 return False
-            self.publisher([record])
+            with self.client.pipeline() as pipe:
+                self.publisher([record], pipe)
+                pipe.execute()
             return True
         return False
 
@@ -595,7 +609,7 @@ class Ledger:
                 continue
             self.client.zadd(keys.QUEUED, {step_id: clock.now(self.client)})
             log.info("re-publishing %s (%s)", step_id, reason)
-            self.publish([record], force=True)
+            self._send([record], force=True)
             count += 1
         return count
 

@@ -14,23 +14,25 @@ it reconnects first if the connection was dropped). After a partition, kombu dro
 that misses its health checks; the next read then reconnected and waited for a message for ever, holding
 the worker's event loop: a GPU worker that took no step again (found by the seeded nemesis).
 
-Its acknowledgements wait out a full Redis (:mod:`croqq.delivery.memory`): kombu's ack, reject and
-delivery bookkeeping are Redis transactions, which a full Redis refuses; a worker whose ack is refused
-stops ("Unrecoverable error"), and a message popped from its queue but not recorded as unacked is lost.
+kombu's ack emulation is off: messages are triggers and the step ledger is the truth, so the two Redis
+transactions kombu spends per message on it (delivery recorded in its ``unacked`` hash, removed at the
+ack) bought nothing croqq uses. What it gave, redelivery of a message whose consumer died after the
+visibility timeout (an hour or more here), the ledger gives sooner: a step still queued after its
+queue's consumer restarted, or queued for ``queue_resend_s``, is published again by housekeeping, and a
+duplicate is dropped at claim. A message a worker has reserved lives in that worker's memory: an ack
+writes nothing to Redis (so it goes through while Redis is full), a reject with requeue (a killed pool
+child's step) and a warm shutdown put the message back on its queue, and a killed worker's reserved
+messages go with it until housekeeping publishes their steps again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.utils.objects import cached_property
-
-from croqq.delivery import memory
-
-T = TypeVar("T")
 
 ALIASES = ("redis", "rediss")
 # kombu internals this module relies on, checked on kombu >= 5.7, < 5.8 (tests/unit/test_third_party_pins.py)
@@ -40,36 +42,10 @@ KOMBU_INTERNALS = (
     "kombu.transport:TRANSPORT_ALIASES",
     "kombu.transport.redis:Channel._create_client",
     "kombu.transport.redis:Channel.pool",
-    "kombu.transport.redis:Channel.QoS",
-    "kombu.transport.redis:QoS.append",
-    "kombu.transport.redis:QoS.ack",
-    "kombu.transport.redis:QoS.reject",
+    "kombu.transport.redis:Channel.ack_emulation",
     "kombu.transport.redis:Channel.subclient",
 )
 FANOUT_READ_S = 1.0  # the longest a pub/sub read waits (kombu reads only when its socket is readable)
-
-
-class QoS(kombu_redis.QoS):
-    """kombu's ack emulation, waiting while Redis is full instead of failing."""
-
-    def _until_done(self, fn: Callable[[], T]) -> T:
-        while True:
-            try:
-                return fn()
-            except Exception as exc:
-                if not memory.is_full_error(exc):
-                    raise
-                with self.channel.conn_or_acquire() as client:
-                    memory.wait_for_room(client)
-
-    def append(self, message: Any, delivery_tag: Any) -> None:
-        self._until_done(lambda: super(QoS, self).append(message, delivery_tag))
-
-    def ack(self, delivery_tag: Any) -> None:
-        self._until_done(lambda: super(QoS, self).ack(delivery_tag))
-
-    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
-        self._until_done(lambda: super(QoS, self).reject(delivery_tag, requeue))
 
 
 def bounded_read(read: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,7 +59,7 @@ def bounded_read(read: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Channel(kombu_redis.Channel):
-    QoS = QoS
+    ack_emulation = False  # see the module's doc; kombu then keeps reserved messages in memory only
     _shared: Any = None  # the client for the current pool (kombu drops and rebuilds pools on errors)
 
     @cached_property

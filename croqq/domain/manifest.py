@@ -101,7 +101,7 @@ class BuildSpec(_Strict):
     compile_timeout_s: float | None = Field(
         None,
         gt=0,
-        le=1800,  # below half the broker's visibility timeout (croqq.processes.app)
+        le=1800,  # half an hour: a longer compile is a mistake in the manifest
         description="This family's compiles may run this long when CROQQ_COMPILE_TIMEOUT_S is shorter "
         "(one CUTLASS collective-builder instantiation takes minutes on a loaded 2-core host).",
     )

@@ -41,13 +41,12 @@ GPU_STATES = (HEALTHY, QUARANTINED, OFFLINE)
 SHAPE_STATUSES = ("pending", "active", "done", "error")
 DECISIONS = ("KEEP", "DISCARD", "FAIL", "BASELINE")
 ATTEMPT_REASONS = tuple(r for kinds in get_args(AttemptKind) for r in get_args(kinds))  # compile, agent, ...
-# kombu's Redis key layout read here (a queue's list per priority step, the unacked hash), checked on
+# kombu's Redis key layout read here (a queue's list per priority step), checked on
 # kombu >= 5.7, < 5.8 (tests/unit/test_third_party_pins.py)
 KOMBU_CHECKED = ("5.7", "5.8")
 KOMBU_INTERNALS = (
     "kombu.transport.redis:PRIORITY_STEPS",
     "kombu.transport.redis:Channel.sep",
-    "kombu.transport.redis:Channel.unacked_key",
     "kombu.transport.redis:Channel._q_for_pri",
 )
 EVENT_COUNTERS = {  # croqq:stats field -> metric (without _total), help
@@ -74,7 +73,6 @@ class Reading:
     commits: dict[str, str]
     compiles: dict[str, str]
     repo_bytes: str | None
-    unacked: int
     queue_lengths: dict[str, int]
     gpus: list[tuple[GpuEntry, dict[str, str], int, int]]  # entry, busy hash, depth, active shapes
     agents: dict[str, dict[str, str]]
@@ -89,7 +87,6 @@ def read(client: redis.Redis, dsls: Sequence[str] = ()) -> Reading:
     for key in (keys.SUMMARY, keys.STATS, keys.COMMIT_SECONDS, keys.COMPILE_SECONDS):
         pipe.hgetall(key)
     pipe.get(keys.REPO_BYTES)
-    pipe.hlen("unacked")  # kombu's hash of messages delivered to a consumer and not yet acknowledged
     pipe.smembers(keys.GPUS)
     pipe.smembers(keys.AGENTS)
     pipe.hvals(keys.ALARMS)
@@ -101,7 +98,6 @@ def read(client: redis.Redis, dsls: Sequence[str] = ()) -> Reading:
         commits,
         compiles,
         repo_bytes,
-        unacked,
         uuid_set,
         agent_set,
         alarms,
@@ -137,7 +133,6 @@ def read(client: redis.Redis, dsls: Sequence[str] = ()) -> Reading:
         commits=commits,
         compiles=compiles,
         repo_bytes=repo_bytes,
-        unacked=int(unacked),
         queue_lengths=lengths,
         gpus=gpus,
         agents={name: next(replies) for name in names},
@@ -174,12 +169,6 @@ def work_families(r: Reading) -> Iterator[Metric]:
         "Messages waiting in each Celery queue (every priority list summed).",
         ["queue"],
         (([q], n) for q, n in r.queue_lengths.items()),
-    )
-    yield _gauge(
-        "croqq_broker_unacked_messages",
-        "Messages delivered to a consumer and not yet acknowledged (kombu's unacked hash).",
-        [],
-        [([], r.unacked)],
     )
     tally = progress.tally(ShapeSummary.model_validate_json(v) for v in r.summary.values())
     yield _gauge(

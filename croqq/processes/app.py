@@ -29,12 +29,6 @@ CONNECT_TIMEOUT_S = 2.0
 RECONNECT_MAX_S = 1.0  # a worker cut off from the broker tries again at least this often
 
 
-def visibility_timeout_s(settings: Settings) -> int:
-    """Longer than any step can run, so Redis does not redeliver a live step (recovery uses leases)."""
-    longest = max(settings.agent_timeout_s, settings.compile_timeout_s, settings.run_timeout_s * 10)
-    return int(max(3600.0, 2 * longest + settings.health_wait_s))
-
-
 # Celery's own ``expires`` is a wall-clock date checked with the consumer's wall clock, so a host whose
 # clock runs ahead would drop every such message. croqq's periodic and best-effort messages carry their
 # maximum age instead; the publisher stamps them with Redis's time and the consumer checks that age on
@@ -105,7 +99,6 @@ def transport_options(settings: Settings) -> dict[str, object]:
     alone, so a worker does not lose its pool child over a blip."""
     dead_after_s = 2 * settings.lease_ttl_s
     return {
-        "visibility_timeout": visibility_timeout_s(settings),
         "socket_timeout": dead_after_s + CONNECT_TIMEOUT_S,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_keepalive": True,
@@ -214,8 +207,8 @@ class PausingScheduler(beat.Scheduler):
 
 class QueueResetStep(bootsteps.StartStopStep):
     """On every broker (re)connection, mark this worker's queues reset: a message it had reserved when the
-    connection dropped sits in kombu's unacked set until the visibility timeout, so housekeeping
-    re-publishes the steps queued before now (duplicates are dropped at claim)."""
+    connection dropped was lost with it (kombu keeps reservations in memory, :mod:`croqq.delivery.transport`),
+    so housekeeping re-publishes the steps queued before now (duplicates are dropped at claim)."""
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
 

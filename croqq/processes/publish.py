@@ -16,7 +16,6 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import redis
 from celery.utils.nodenames import anon_nodename
 from kombu.serialization import dumps
 from kombu.utils.uuid import uuid
@@ -27,6 +26,7 @@ from croqq.delivery.queues import STEP_TASK
 
 if TYPE_CHECKING:
     from celery import Celery
+    from redis.client import Pipeline
 
 
 def envelope(app: Celery, record: StepRecord) -> str:
@@ -66,11 +66,8 @@ def envelope(app: Celery, record: StepRecord) -> str:
     )
 
 
-def publish_steps(app: Celery, client: redis.Redis, records: Sequence[StepRecord]) -> None:
-    """Send each record's step message onto its queue, all in one round trip."""
-    if not records:
-        return
-    pipe = client.pipeline(transaction=False)
+def publish_steps(app: Celery, pipe: Pipeline, records: Sequence[StepRecord]) -> None:
+    """Add each record's step message to ``pipe``, onto its queue; the caller's ``execute`` sends them all in
+    one round trip (the ledger's, with the outbox removal)."""
     for record in records:
         pipe.lpush(record.queue, envelope(app, record))
-    pipe.execute()

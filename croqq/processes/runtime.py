@@ -49,24 +49,21 @@ REPO_ALARM = "repo_corrupt"
 UNKNOWN = "?"  # a lease holder that cannot be read: never taken for a previous writer being gone
 
 
-def celery_publisher(
-    records: Sequence[StepRecord], client: redis.Redis, celery: Celery | None = None
-) -> None:
-    """Send the steps' messages on ``client``'s Redis (to this process's app unless another is given)."""
+def celery_publisher(records: Sequence[StepRecord], pipe: Any, celery: Celery | None = None) -> None:
+    """Add the steps' messages to ``pipe`` (this process's app unless another is given)."""
     if celery is None:
         from croqq.processes.app import app
 
         celery = app
-    publish_steps(celery, client, records)
+    publish_steps(celery, pipe, records)
 
 
-def publisher_for(settings: Settings) -> Callable[[Sequence[StepRecord]], None]:
+def publisher_for(settings: Settings) -> Publisher:
     """A publisher with its own app for ``settings`` (tools talking to a cluster other than the env's)."""
     from croqq.processes.app import make_app
 
     celery = make_app(settings)
-    client = connect(settings)
-    return lambda records: celery_publisher(records, client, celery)
+    return lambda records, pipe: celery_publisher(records, pipe, celery)
 
 
 @dataclass(frozen=True)
@@ -114,7 +111,7 @@ class Runtime:
     def ledger(self) -> Ledger:
         refill = lambda uuid: self.placement.fill(uuid)  # noqa: E731,PLW0108 - placement needs the ledger first
         advance = Advance([stats.on_stored, history.on_stored], refill=refill)
-        publisher = self._publisher or (lambda records: celery_publisher(records, self.client))
+        publisher = self._publisher or celery_publisher
         return Ledger(self.client, self.settings.lease_ttl_s, advance, publisher)
 
     @cached_property

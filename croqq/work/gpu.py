@@ -39,8 +39,7 @@ def _claim_for(rt: Runtime, gpu: GpuContext, what: str) -> None:
 def gate(rt: Runtime, gpu: GpuContext, what: str) -> GpuSnapshot:
     """Block until the GPU is healthy (retrying with a doubling delay; raise after ``health_wait_s``), check
     the lease, mark the GPU busy with ``what``; return the snapshot at the start."""
-    # wall seconds, not stretched by load: a GPU's recovery does not slow with this host's load, and the
-    # broker's visibility timeout counts them
+    # wall seconds, not stretched by load: a GPU's recovery does not slow with this host's load
     delay, deadline = 0.2, Deadline(rt.settings.health_wait_s, wall=True)
     while True:
         health = gpu.probe.health(gpu.uuid)

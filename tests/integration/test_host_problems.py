@@ -138,7 +138,9 @@ def test_a_worker_that_stops_has_the_steps_queued_for_it_published_again(
     finally:
         worker.kill()
     published: list[StepRecord] = []
-    ledger = Ledger(redis_client, 3.0, Advance(refill=lambda uuid: 0), published.extend)
+    ledger = Ledger(
+        redis_client, 3.0, Advance(refill=lambda uuid: 0), lambda records, _: published.extend(records)
+    )
     rt = cast(Runtime, SimpleNamespace(client=redis_client, ledger=ledger, settings=Settings()))
     assert housekeeping.republish_after_resets(rt) == 1
     assert [s.step_id for s in published] == ["s#1"]

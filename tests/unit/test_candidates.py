@@ -249,7 +249,7 @@ def rt(redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> 
     settings = Settings(
         broker_url=redis_server.url, run_dir=tmp_path / "run", results_repo=tmp_path / "r", sim_implement_s=0
     )
-    return Runtime(settings, publisher=lambda records: None)
+    return Runtime(settings, publisher=lambda records, pipe: None)
 
 
 def shape_state(rt: Runtime) -> ShapeState:

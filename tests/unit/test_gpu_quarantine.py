@@ -49,7 +49,7 @@ def rt(redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> 
         run_dir=tmp_path / "run",
         results_repo=tmp_path / "results",
     )
-    yield Runtime(settings, publisher=lambda records: None)
+    yield Runtime(settings, publisher=lambda records, pipe: None)
 
 
 def submit(rt: Runtime, shapes: int) -> None:

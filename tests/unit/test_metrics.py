@@ -51,7 +51,7 @@ class Fleet:
         self.settings = Settings(pipeline_depth=2, lease_ttl_s=ttl)
         self.published: list[StepRecord] = []
         advance = Advance([stats.on_stored], refill=lambda uuid: self.placement.fill(uuid))  # noqa: PLW0108
-        self.ledger = Ledger(client, ttl, advance, self.published.extend)
+        self.ledger = Ledger(client, ttl, advance, lambda records, _: self.published.extend(records))
         self.placement = Placement(self.settings, client, self.ledger)
         self.intake = Intake(
             self.settings,

@@ -26,7 +26,7 @@ GPU_TYPE = "sm90_Simulated_H100_SXM"
 @pytest.fixture
 def rt(redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
     settings = Settings(broker_url=redis_server.url, run_dir=tmp_path / "run", results_repo=tmp_path / "r")
-    yield Runtime(settings, publisher=lambda records: None)
+    yield Runtime(settings, publisher=lambda records, pipe: None)
 
 
 def first_step(rt: Runtime) -> StepRecord:

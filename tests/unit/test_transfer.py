@@ -42,7 +42,7 @@ HERE = "f16_4096x8192x4096"
 @pytest.fixture
 def rt(redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Runtime]:
     settings = Settings(broker_url=redis_server.url, run_dir=tmp_path / "run", results_repo=tmp_path / "r")
-    yield Runtime(settings, publisher=lambda records: None)
+    yield Runtime(settings, publisher=lambda records, pipe: None)
 
 
 def reference(rt: Runtime) -> dict[str, int]:
@@ -285,7 +285,7 @@ def test_an_agent_sees_neighbours_any_time_but_they_are_offered_only_at_the_star
         proposer="agent",
         agent="scripted",
     )
-    ctx = executors.propose_context(Runtime(agent, publisher=lambda records: None), running)
+    ctx = executors.propose_context(Runtime(agent, publisher=lambda records, pipe: None), running)
     assert [nb.key for nb in ctx.neighbours] == ["f16_4096x8192x8192"]
     assert transfer.neighbour_ideas(rt, running, ctx, 1) == []
     stalled = shape_state(rt, HERE, best_iter=0, tflops=400.0, current_iter=4, discards=STALL_TRANSFER)
@@ -304,7 +304,7 @@ def test_ideate_takes_a_neighbours_kernel_without_a_proposer_call_and_off_is_tod
     off = Settings(
         broker_url=redis_server.url, run_dir=tmp_path / "run", results_repo=tmp_path / "r", transfer=False
     )
-    rt_off = Runtime(off, publisher=lambda records: None)
+    rt_off = Runtime(off, publisher=lambda records, pipe: None)
     assert executors.propose_context(rt_off, here).neighbours == []
     event = executors.ideate(rt_off, here, msg)
     assert isinstance(event, Proposed) and event.idea.proposer == rt_off.proposer.name != "neighbour"

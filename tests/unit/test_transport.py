@@ -33,9 +33,9 @@ def test_a_channel_reuses_one_client_per_pool_and_still_carries_messages(redis_s
         for _ in range(3):
             message = queue.get(timeout=60)
             got.append(message.payload["n"])
+            assert not redis_client.exists("unacked", "unacked_index")  # no delivery bookkeeping in Redis
             message.ack()
         assert got == [0, 1, 2]
-        assert redis_client.hlen("unacked") == 0  # acks sent through the shared client reached Redis
         channel._disconnect_pools()  # what kombu does after a connection error
         with channel.conn_or_acquire() as third:
             assert third is not first and third.connection_pool is channel.pool
@@ -62,3 +62,25 @@ def test_a_fanout_read_on_a_dropped_pubsub_connection_reconnects_and_returns_ins
         redis_client.publish("croqq-fanout-test", "hello")  # resubscribed on the reconnect: it arrives
         got = wait_until(pubsub.parse_response, 30, "the message published after the reconnect")
         assert got[-1] in (b"hello", "hello")
+
+
+def test_a_reserved_message_goes_back_to_its_queue_on_reject_and_when_its_consumer_closes(
+    redis_server, redis_client
+) -> None:  # type: ignore[no-untyped-def]
+    """Reservations live in the consumer's memory (no ack emulation): a reject with requeue (a killed pool
+    child's message) and a clean close (a warm shutdown) put the message back, where another takes it."""
+    url = kombu_url(Settings(broker_url=redis_server.url))
+    with kombu.Connection(url) as conn:
+        queue = conn.SimpleQueue("croqq-requeue-test")
+        queue.put({"n": 1})
+        queue.get(timeout=60).reject(requeue=True)
+        assert redis_client.llen("croqq-requeue-test") == 1
+        held = queue.get(timeout=60)  # reserved, never acknowledged
+        assert held.payload == {"n": 1} and redis_client.llen("croqq-requeue-test") == 0
+    with kombu.Connection(url) as conn:  # the first consumer closed: its reservation is back on the queue
+        queue = conn.SimpleQueue("croqq-requeue-test")
+        again = queue.get(timeout=60)
+        assert again.payload == {"n": 1} and again.delivery_info.get("redelivered") in (True, None)
+        again.ack()
+        queue.close()
+    assert redis_client.llen("croqq-requeue-test") == 0
